@@ -1,0 +1,127 @@
+"""``refit-harness``: the only place failures become exit codes.
+
+Exit 0: every path PASS (or SKIPPED); 1: any FAIL or INCONCLUSIVE; 2: bad usage or an
+infrastructure error (an arm crashed or timed out). Exit 2 prints one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from harness.spec import ControlSpec, EngineSpec, PerturbSpec, RunSpec
+
+
+def _progress(message: str) -> None:
+    print(f"[refit-harness {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _fail(message: str) -> int:
+    print(f"refit-harness: error: {message}", file=sys.stderr)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"refit-harness: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="refit-harness", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the oracle: warm A->B through each path vs cold B")
+    run.add_argument("--model", help="checkpoint A directory (default: the embedded tiny Qwen3)")
+    run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
+    run.add_argument("--paths", default="reload_weights", help="comma-separated reload paths, or 'all'")
+    run.add_argument("--out", help="report directory (default: reports/<timestamp>)")
+    run.add_argument("--control-tensor", default=ControlSpec.tensor, help="checkpoint tensor scaled in B'")
+    run.add_argument("--mode", choices=("eager", "compiled"), default="eager")
+    run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    run.add_argument("--seed", type=int, default=PerturbSpec.seed, help="perturbation seed for B")
+    run.add_argument("--arm-timeout", type=float, default=RunSpec.arm_timeout_s, help="seconds per engine arm")
+    run.add_argument("--resume", action="store_true", help="keep arms already finished in --out")
+
+    sub.add_parser("paths", help="list reload paths and where they run")
+    report = sub.add_parser("report", help="re-judge and re-render a report directory from its records")
+    report.add_argument("dir")
+    model = sub.add_parser("make-model", help="write the embedded tiny Qwen3 (or a planted-bug fixture) and print its path")
+    model.add_argument("--architecture", default=None, help="e.g. StaleQKNormQwen3ForCausalLM")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "paths": cmd_paths, "report": cmd_report, "make-model": cmd_make_model}[args.command](args)
+    except KeyboardInterrupt:
+        return _fail("interrupted; finished arms are kept on disk (use --resume)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness import checkpoints
+    from harness.paths import PATHS
+    from harness.pipeline import UsageError, execute
+    from harness.report import write_reports
+
+    paths = PATHS.names() if args.paths == "all" else tuple(p.strip() for p in args.paths.split(",") if p.strip())
+    if args.model is None:
+        _progress("building the embedded tiny Qwen3 checkpoint (cached)")
+        model = str(checkpoints.tiny_qwen3())
+    else:
+        model = args.model
+    out = Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S")
+    spec = RunSpec(model=model, target=args.target, paths=paths,
+                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
+                   perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
+                   arm_timeout_s=args.arm_timeout)
+    try:
+        evaluation = execute(spec, out, _progress, resume=args.resume)
+    except UsageError as exc:
+        return _fail(str(exc))
+    files = write_reports(evaluation, out)
+    for v in evaluation.verdicts:
+        _progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
+    print(f"report: {files['index.html'].resolve()}")
+    return evaluation.exit_code
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    from harness.paths import PATHS
+
+    for name in PATHS.names():
+        cls = PATHS.get(name)
+        reason = cls.unavailable_reason()
+        where = "cpu+gpu" if cls.device == "any" else "gpu only"
+        print(f"{name:28} {where:9} {'available' if reason is None else 'unavailable here'}\n    {cls.exercises}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.pipeline import evaluate
+    from harness.report import write_reports
+    from harness.store import SchemaError
+
+    out = Path(args.dir)
+    if not (out / "run.json").is_file():
+        return _fail(f"{out} is not a report directory (no run.json)")
+    try:
+        evaluation = evaluate(out)
+    except SchemaError as exc:
+        return _fail(str(exc))
+    files = write_reports(evaluation, out)
+    print(f"report: {files['index.html'].resolve()}")
+    return evaluation.exit_code
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from harness import checkpoints
+
+    print(checkpoints.tiny_qwen3(architecture=args.architecture))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

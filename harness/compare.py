@@ -1,0 +1,267 @@
+"""Observations -> comparisons. Pure functions over records; no torch, no vLLM."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from harness.records import ArmResult, Observation, TensorRecord
+
+Check = Literal["refit", "idempotency", "round_trip", "noise"]
+
+
+class TensorStatus(str, Enum):
+    OK = "OK"
+    STALE = "STALE"          # equals the witness (the value before the refit), not the reference
+    CORRUPT = "CORRUPT"      # equals neither (a NaN always counts as a difference)
+    REBOUND = "REBOUND"      # right value, but its storage moved across the refit
+    MISSING = "MISSING"      # in the reference, not in the subject
+    EXTRA = "EXTRA"          # in the subject, not in the reference
+    NOISY = "NOISY"          # the two cold references already disagree: not judged
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """One tensor of one check."""
+
+    check: Check
+    """Which comparison: refit (warm B vs cold B), idempotency (B twice), round_trip
+    (back to A vs cold A), noise (cold B vs cold B)."""
+    tensor: str
+    """Census name."""
+    kind: str
+    """Census kind of the subject's (or reference's) record."""
+    status: TensorStatus
+    """Outcome, see ``TensorStatus``."""
+    subject_digest: str | None
+    """Digest in the engine under test."""
+    reference_digest: str | None
+    """Digest it should have."""
+    witness_digest: str | None
+    """Digest before the refit (what a stale value would equal), if known."""
+    address_moved: bool
+    """Storage address changed across the refit inside the subject engine."""
+
+
+@dataclass(frozen=True)
+class TokenDiff:
+    """Greedy outputs of one prompt in one check."""
+
+    check: Check
+    """Which comparison (as in ``TensorDiff``)."""
+    prompt: int
+    """Prompt index."""
+    first_divergence: int | None
+    """Index of the first generated token that differs; None when all are identical."""
+    max_logprob_diff: float
+    """Largest |logprob difference| over shared top-k tokens, up to the first divergence
+    (inf when a logprob is NaN on one side only)."""
+    subject_tokens: tuple[int, ...]
+    """Tokens from the engine under test."""
+    reference_tokens: tuple[int, ...]
+    """Tokens it should produce."""
+
+
+@dataclass(frozen=True)
+class ControlOutcome:
+    """The planted difference B' (one checkpoint tensor scaled): was it seen, and where?"""
+
+    checkpoint_tensor: str
+    """Checkpoint name of the scaled tensor."""
+    expected_modules: tuple[str, ...]
+    """Model modules that tensor loads into (through vLLM's packed-module mapping)."""
+    changed: tuple[str, ...]
+    """Every census entry that differs between warm B' and warm B."""
+    localized: tuple[str, ...]
+    """The changed entries that belong to an expected module."""
+    max_logprob_shift: float
+    """Largest |logprob difference| between warm B' and warm B outputs."""
+    tokens_moved: bool
+    """Outputs moved beyond tolerance + noise: the token check can see a 1-tensor change."""
+
+    @property
+    def detected(self) -> bool:
+        return bool(self.localized)
+
+
+@dataclass(frozen=True)
+class PathComparison:
+    """Everything compared for one path; the verdict is judged from this alone."""
+
+    path: str
+    """Reload path name."""
+    tensors: tuple[TensorDiff, ...]
+    """Per-tensor outcomes of every check, model order within each check."""
+    tokens: tuple[TokenDiff, ...]
+    """Per-prompt outcomes of every check."""
+    control: ControlOutcome | None
+    """Positive-control outcome (None when the subject never reached it)."""
+    errors: tuple[str, ...]
+    """Arm errors that affect this path."""
+    missing_observations: tuple[str, ...]
+    """Labels that should have been observed and were not."""
+
+
+def _by_name(obs: Observation) -> dict[str, TensorRecord]:
+    return {t.name: t for t in obs.tensors}
+
+
+def _same(a: TensorRecord, b: TensorRecord) -> bool:
+    # A NaN is a difference even where both sides hold NaN bytes.
+    return (a.digest == b.digest and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+            and a.nan_count == 0 and b.nan_count == 0)
+
+
+def compare_tensors(check: Check, subject: Observation, reference: Observation,
+                    witness: Observation | None = None, before: Observation | None = None,
+                    noisy: frozenset[str] = frozenset()) -> tuple[TensorDiff, ...]:
+    """Judge every tensor of ``subject`` against ``reference``.
+
+    ``witness`` is the value before the refit (STALE = equals it and not the reference);
+    ``before`` is the same engine before the refit (REBOUND = address changed).
+    """
+    subj, ref = _by_name(subject), _by_name(reference)
+    wit = _by_name(witness) if witness else {}
+    prev = _by_name(before) if before else {}
+    names = list(ref) + [n for n in subj if n not in ref]
+    diffs = []
+    for name in names:
+        s, r, w, p = subj.get(name), ref.get(name), wit.get(name), prev.get(name)
+        moved = bool(s and p and s.kind != "kernel" and s.address != p.address and s.address and p.address)
+        if s is None:
+            status = TensorStatus.MISSING
+        elif r is None:
+            status = TensorStatus.EXTRA
+        elif name in noisy:
+            status = TensorStatus.NOISY
+        elif _same(s, r):
+            status = TensorStatus.REBOUND if moved else TensorStatus.OK
+        elif w is not None and _same(s, w):
+            status = TensorStatus.STALE
+        else:
+            status = TensorStatus.CORRUPT
+        rec = s or r
+        diffs.append(TensorDiff(check=check, tensor=name, kind=rec.kind, status=status,
+                                subject_digest=s.digest if s else None, reference_digest=r.digest if r else None,
+                                witness_digest=w.digest if w else None, address_moved=moved))
+    return tuple(diffs)
+
+
+def compare_outputs(check: Check, subject: Observation, reference: Observation) -> tuple[TokenDiff, ...]:
+    ref = {o.prompt: o for o in reference.outputs}
+    diffs = []
+    for s in subject.outputs:
+        r = ref.get(s.prompt)
+        if r is None:
+            continue
+        first = next((i for i, (a, b) in enumerate(zip(s.token_ids, r.token_ids)) if a != b), None)
+        if first is None and len(s.token_ids) != len(r.token_ids):
+            first = min(len(s.token_ids), len(r.token_ids))
+        horizon = (first + 1) if first is not None else len(s.logprobs)
+        worst = 0.0
+        for pos_s, pos_r in list(zip(s.logprobs, r.logprobs))[:horizon]:
+            rmap = dict(pos_r)
+            for tok, lp in pos_s:
+                if tok in rmap:
+                    worst = max(worst, _abs_diff(lp, rmap[tok]))
+        diffs.append(TokenDiff(check=check, prompt=s.prompt, first_divergence=first, max_logprob_diff=worst,
+                               subject_tokens=tuple(s.token_ids), reference_tokens=tuple(r.token_ids)))
+    return tuple(diffs)
+
+
+def _abs_diff(a: float, b: float) -> float:
+    if math.isnan(a) and math.isnan(b):
+        return math.inf  # NaN counts as a difference
+    if math.isnan(a) or math.isnan(b):
+        return math.inf
+    return abs(a - b)
+
+
+def control_targets(checkpoint_tensor: str, packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, ...]:
+    """Model modules a checkpoint tensor loads into: its own module, and the fused module
+    that packs it (``...q_proj.weight`` -> ``...q_proj`` and ``...qkv_proj``)."""
+    module, _, _ = checkpoint_tensor.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    targets = [module]
+    for packed, parts in packed_modules_mapping:
+        if leaf in parts:
+            targets.append(f"{parent}.{packed}" if parent else packed)
+    return tuple(dict.fromkeys(targets))
+
+
+def compare_control(checkpoint_tensor: str, control: Observation, baseline: Observation,
+                    logprob_floor: float) -> ControlOutcome:
+    """``control`` is warm B', ``baseline`` warm B in the same engine: only the planted
+    difference separates them."""
+    diffs = compare_tensors("refit", control, baseline)
+    changed = tuple(d.tensor for d in diffs if d.status is not TensorStatus.OK and d.status is not TensorStatus.REBOUND)
+    targets = control_targets(checkpoint_tensor, control.model.packed_modules_mapping)
+    localized = tuple(n for n in changed if any(_belongs(n, t) for t in targets))
+    token_diffs = compare_outputs("refit", control, baseline)
+    shift = max((d.max_logprob_diff for d in token_diffs), default=0.0)
+    moved = any(d.first_divergence is not None for d in token_diffs) or shift > logprob_floor
+    return ControlOutcome(checkpoint_tensor=checkpoint_tensor, expected_modules=targets, changed=changed,
+                          localized=localized, max_logprob_shift=shift, tokens_moved=moved)
+
+
+def _belongs(tensor_name: str, module: str) -> bool:
+    bare = tensor_name.split(":", 1)[1] if tensor_name.startswith("rank") and ":" in tensor_name else tensor_name
+    return bare.startswith(module + ".")
+
+
+def noisy_tensors(reference: ArmResult | None, noise: ArmResult | None) -> frozenset[str]:
+    """Tensors on which two cold starts on B disagree."""
+    r, n = _first_obs(reference), _first_obs(noise)
+    if r is None or n is None:
+        return frozenset()
+    return frozenset(d.tensor for d in compare_tensors("noise", n, r) if d.status is not TensorStatus.OK)
+
+
+def _first_obs(arm: ArmResult | None) -> Observation | None:
+    return arm.observations[0] if arm and arm.observations else None
+
+
+def noise_logprob_floor(reference: ArmResult | None, noise: ArmResult | None) -> dict[int, TokenDiff]:
+    r, n = _first_obs(reference), _first_obs(noise)
+    if r is None or n is None:
+        return {}
+    return {d.prompt: d for d in compare_outputs("noise", n, r)}
+
+
+REQUIRED_LABELS = ("cold_A", "warm_B", "warm_B_again", "warm_A", "warm_B_control")
+
+
+def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noise: ArmResult | None,
+                 control_tensor: str, logprob_atol: float) -> PathComparison:
+    """All checks for one path, from the three arms' records."""
+    errors = tuple(f"{a.arm}: {a.error}" for a in (reference, noise, subject) if a is not None and a.status == "error")
+    if reference is None or _first_obs(reference) is None:
+        errors += ("reference arm (cold B) produced no observation",)
+    obs = {o.label: o for o in subject.observations}
+    missing = tuple(label for label in REQUIRED_LABELS if label not in obs)
+    ref = _first_obs(reference)
+    noisy = noisy_tensors(reference, noise)
+    noise_tokens = noise_logprob_floor(reference, noise)
+    tensors: list[TensorDiff] = []
+    tokens: list[TokenDiff] = []
+    if ref is not None and noise is not None and _first_obs(noise) is not None:
+        tensors += compare_tensors("noise", _first_obs(noise), ref)
+        tokens += noise_tokens.values()
+    cold_a = obs.get("cold_A")
+    if ref is not None and "warm_B" in obs:
+        tensors += compare_tensors("refit", obs["warm_B"], ref, witness=cold_a, before=cold_a, noisy=noisy)
+        tokens += compare_outputs("refit", obs["warm_B"], ref)
+    if "warm_B" in obs and "warm_B_again" in obs:
+        tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"], before=obs["warm_B"])
+        tokens += compare_outputs("idempotency", obs["warm_B_again"], obs["warm_B"])
+    if cold_a is not None and "warm_A" in obs:
+        tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B"), before=cold_a)
+        tokens += compare_outputs("round_trip", obs["warm_A"], cold_a)
+    control = None
+    if "warm_B_control" in obs and "warm_B" in obs:
+        floor = logprob_atol + max((d.max_logprob_diff for d in noise_tokens.values()), default=0.0)
+        control = compare_control(control_tensor, obs["warm_B_control"], obs["warm_B"], floor)
+    return PathComparison(path=path, tensors=tuple(tensors), tokens=tuple(tokens), control=control,
+                          errors=errors, missing_observations=missing)

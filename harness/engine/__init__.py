@@ -1,0 +1,1 @@
+"""Engine arms: the only part of the harness that imports vLLM."""

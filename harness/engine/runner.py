@@ -1,0 +1,89 @@
+"""Run each arm in its own process group with a timeout, asv-style.
+
+The parent never imports vLLM: it writes the arm's plan to disk, starts
+``python -m harness.engine.arm_process``, waits, and reads the result back. Whatever
+happens, the whole process group (engine core and workers included) is killed after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import store
+from harness.plan import ArmPlan
+from harness.records import ArmResult
+
+
+def arm_files(workdir: Path, arm: ArmPlan) -> tuple[Path, Path, Path]:
+    base = workdir / "arms" / arm.name
+    return base.with_suffix(".plan.json"), base.with_suffix(".result.json"), base.with_suffix(".log")
+
+
+def run_arm(arm: ArmPlan, workdir: Path) -> ArmResult:
+    plan_file, result_file, log_file = arm_files(workdir, arm)
+    store.dump(arm, plan_file, "arm_plan")
+    result_file.unlink(missing_ok=True)
+    started = time.monotonic()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=arm.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_group(proc)
+    seconds = round(time.monotonic() - started, 2)
+    recorded = _read_result(result_file)
+    if timed_out:
+        return _as_error(arm, recorded, f"timed out after {arm.timeout_s:.0f} s (log: {log_file})", seconds)
+    if recorded is None:
+        return _as_error(arm, None, f"arm process exited with code {proc.returncode} before writing a result; "
+                                    f"last log lines: {_tail(log_file)}", seconds)
+    if recorded.status == "ok" and proc.returncode != 0:
+        return _as_error(arm, recorded, f"arm process exited with code {proc.returncode}", seconds)
+    return recorded
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill the arm and everything it spawned (vLLM's engine core and workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _read_result(path: Path) -> ArmResult | None:
+    if not path.exists():
+        return None
+    try:
+        return store.load(ArmResult, path, "arm_result")
+    except store.SchemaError:
+        return None
+
+
+def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: float) -> ArmResult:
+    observations = recorded.observations if recorded else ()
+    if recorded and recorded.error:
+        message = f"{message}; {recorded.error}"
+    return ArmResult(arm=arm.name, role=arm.role, path=arm.path, status="error", error=message,
+                     observations=observations, seconds=seconds,
+                     environment=recorded.environment if recorded else ())
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:])[-600:]

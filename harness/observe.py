@@ -1,0 +1,178 @@
+"""Census of every tensor reachable from a model, with exact digests.
+
+Runs inside the vLLM worker (through ``harness.engine.worker_ext``) but needs only
+torch: it is plain module/object walking. Parameters and buffers are the easy part;
+refit bugs live in plain attributes, containers, quant-method and kernel objects,
+which this walk also visits.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# Attribute names never walked: torch's own bookkeeping, and per-step state.
+_SKIP_ATTRS = frozenset(
+    {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
+     "_backward_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks",
+     "kv_cache"}
+)
+# Object types whose attributes are configuration, never kernel state.
+_SKIP_TYPE_PREFIXES = ("vllm.config", "transformers.", "torch.", "builtins", "enum", "logging")
+_MAX_OBJECT_DEPTH = 3
+_MAX_CONTAINER_ITEMS = 4096
+
+
+@dataclass(frozen=True)
+class CensusEntry:
+    """A tensor found by the walk, before digesting."""
+
+    name: str
+    kind: str
+    tensor: torch.Tensor
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """blake2b-128 of the tensor's bytes; dtype and shape are recorded beside it."""
+    if t.device.type == "meta":
+        return "meta"
+    data = t.detach().contiguous().cpu()
+    if data.numel() == 0:
+        return hashlib.blake2b(b"", digest_size=16).hexdigest()
+    raw = data.reshape(-1).view(torch.uint8).numpy()
+    return hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest()
+
+
+def tensor_stats(t: torch.Tensor) -> tuple[int, float]:
+    """(nan_count, absmax) of a tensor, cheap enough for every census entry."""
+    if t.device.type == "meta" or t.numel() == 0:
+        return 0, 0.0
+    if t.is_floating_point() or t.is_complex():
+        nan_count = int(torch.isnan(t.detach()).sum())
+        finite = torch.nan_to_num(t.detach().abs().float(), nan=0.0)
+        return nan_count, float(finite.max())
+    return 0, float(t.detach().abs().max()) if t.dtype != torch.bool else 0.0
+
+
+def walk_model(model: nn.Module, excluded_storages: frozenset[int] = frozenset()) -> list[CensusEntry]:
+    """Every tensor reachable from ``model``: parameters, buffers, plain attributes
+    (including those set with ``object.__setattr__``), tensors inside list/tuple/dict
+    attributes, and attributes of quant-method and other non-module objects.
+
+    ``excluded_storages`` holds storage pointers (e.g. the KV cache) to leave out.
+    """
+    entries: list[CensusEntry] = []
+    tree_modules = {id(m) for m in model.modules()}
+    visited_objects: set[int] = set()
+
+    def keep(name: str, kind: str, t: torch.Tensor) -> None:
+        if _storage_ptr(t) in excluded_storages:
+            return
+        entries.append(CensusEntry(name, kind, t))
+
+    def walk_value(value: object, name: str, kind: str, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            keep(name, kind, value)
+        elif isinstance(value, nn.Module):
+            # Modules in the tree are walked on their own; a module hidden in a plain
+            # attribute is not in the tree, so its tensors are reachable only from here.
+            if id(value) not in tree_modules and id(value) not in visited_objects:
+                visited_objects.add(id(value))
+                for sub_name, t in _module_tensors(value):
+                    keep(f"{name}.{sub_name}", "attribute", t)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value[:_MAX_CONTAINER_ITEMS]):
+                walk_value(item, f"{name}[{i}]", kind, depth)
+        elif isinstance(value, dict):
+            for i, (key, item) in enumerate(value.items()):
+                if i >= _MAX_CONTAINER_ITEMS:
+                    break
+                walk_value(item, f"{name}[{key!r}]", kind, depth)
+        elif isinstance(value, functools.partial):
+            walk_value(value.args, f"{name}<partial>.args", "closure", depth)
+            walk_value(value.keywords, f"{name}<partial>.keywords", "closure", depth)
+        elif depth < _MAX_OBJECT_DEPTH and _is_walkable_object(value):
+            if id(value) in visited_objects:
+                return
+            visited_objects.add(id(value))
+            for attr, item in _object_attrs(value):
+                walk_value(item, f"{name}.{attr}", "object", depth + 1)
+
+    for mod_name, module in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        for p_name, param in module._parameters.items():
+            if param is not None:
+                keep(prefix + p_name, "parameter", param)
+        for b_name, buf in module._buffers.items():
+            if buf is not None:
+                keep(prefix + b_name, "buffer", buf)
+        for attr, value in vars(module).items():
+            if attr in _SKIP_ATTRS:
+                continue
+            walk_value(value, prefix + attr, "attribute", 0)
+    return entries
+
+
+def _module_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from module.named_parameters()
+    yield from module.named_buffers()
+
+
+def _is_walkable_object(value: object) -> bool:
+    if isinstance(value, (type, types.FunctionType, types.MethodType, types.ModuleType)):
+        return False
+    if not hasattr(value, "__dict__"):
+        return False
+    return not (type(value).__module__ or "").startswith(_SKIP_TYPE_PREFIXES)
+
+
+def _object_attrs(value: object) -> Iterator[tuple[str, object]]:
+    try:
+        items = list(vars(value).items())
+    except TypeError:
+        return
+    yield from ((k, v) for k, v in items if k not in _SKIP_ATTRS)
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    if t.device.type == "meta":
+        return -1
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1
+
+
+PROBE_ROWS = 3
+PROBE_SEED = 20260
+
+
+def probe_linear_kernels(model: nn.Module) -> list[CensusEntry]:
+    """Fingerprint what each linear kernel computes, by running it on a fixed input.
+
+    Kernels may consume weights no tensor walk can digest: vLLM's CPU backend repacks
+    every linear weight into an opaque oneDNN handle and leaves the registered
+    parameter empty. The output of ``quant_method.apply(layer, x)`` on a fixed ``x``
+    is a function of exactly the weights the kernel reads, so its digest is compared
+    like any other tensor (bias excluded: it is a parameter of its own).
+    """
+    entries = []
+    gen = torch.Generator().manual_seed(PROBE_SEED)
+    with torch.inference_mode():
+        for mod_name, module in model.named_modules():
+            method = getattr(module, "quant_method", None)
+            in_features = getattr(module, "input_size_per_partition", None)
+            if method is None or not hasattr(method, "apply") or not isinstance(in_features, int):
+                continue
+            dtype = getattr(module, "params_dtype", torch.float32)
+            device = next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
+            x = torch.randn(PROBE_ROWS, in_features, generator=gen).to(device=device, dtype=dtype)
+            out = method.apply(module, x, None)
+            entries.append(CensusEntry(f"{mod_name}.<kernel-output>", "kernel", out))
+    return entries

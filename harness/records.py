@@ -1,0 +1,108 @@
+"""Observation records: what an engine arm saw, as plain frozen values.
+
+Everything after observation (compare, judge, report) works from these records,
+read back from disk on a machine without vLLM or torch. Each file written carries
+``schema_version`` (see ``harness.store``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel"]
+ArmRole = Literal["reference", "noise", "subject"]
+ArmStatus = Literal["ok", "error"]
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One tensor reachable from the model, as seen at one moment on one rank."""
+
+    name: str
+    """Dotted path from the model root, e.g. ``model.layers.0.self_attn.q_norm.weight``.
+    With more than one rank the name starts with ``rank<N>:``."""
+    kind: TensorKind
+    """How it was reached: registered parameter/buffer, plain attribute, an attribute
+    of a non-module object (quant method, kernel object), a closure/partial, or
+    ``kernel``: the output of a linear kernel on a fixed probe input (for weights held
+    in opaque kernel handles); its address is meaningless."""
+    dtype: str
+    """torch dtype name, e.g. ``float32``."""
+    shape: tuple[int, ...]
+    """Tensor shape."""
+    device: str
+    """Device string, e.g. ``cpu`` or ``cuda:0``."""
+    address: int
+    """``data_ptr()`` at observation time; a change across a refit means the tensor was rebound."""
+    digest: str
+    """blake2b-128 of the exact bytes (layout-independent: taken over a contiguous copy)."""
+    nan_count: int
+    """Number of NaN elements (0 for non-float dtypes)."""
+    absmax: float
+    """Largest absolute value (0.0 for empty tensors); a readable hint, not used for judging."""
+
+
+@dataclass(frozen=True)
+class PromptOutput:
+    """Greedy continuation of one fixed prompt."""
+
+    prompt: int
+    """Index of the prompt in the spec's prompt list."""
+    token_ids: tuple[int, ...]
+    """Generated token ids."""
+    logprobs: tuple[tuple[tuple[int, float], ...], ...]
+    """Per generated position, the top-k ``(token_id, logprob)`` pairs, best first."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model needed to interpret tensor names."""
+
+    architecture: str
+    """Class name of the model vLLM instantiated."""
+    packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...]
+    """vLLM's ``packed_modules_mapping``: fused module -> checkpoint modules it packs
+    (``qkv_proj`` <- ``q_proj, k_proj, v_proj``); used to localize the positive control."""
+    world_size: int
+    """Number of ranks observed."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything observed at one labelled point of an arm's life."""
+
+    label: str
+    """Point in the arm's life: ``cold_A``, ``cold_B``, ``warm_B``, ``warm_B_again``,
+    ``warm_A``, ``warm_B_control``."""
+    tensors: tuple[TensorRecord, ...]
+    """Census of every tensor reachable from the model, all ranks."""
+    outputs: tuple[PromptOutput, ...]
+    """Greedy outputs for the fixed prompts, taken after the census."""
+    model: ModelInfo
+    """Facts about the model at this point."""
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One engine lifetime: its observations, or the error that ended it."""
+
+    arm: str
+    """Arm name, unique within a run, e.g. ``reference``, ``subject/reload_weights``."""
+    role: ArmRole
+    """Reference (cold B), noise (a second cold B) or subject (warm A->B through a path)."""
+    path: str | None
+    """Reload path the subject exercises; None for reference and noise arms."""
+    status: ArmStatus
+    """``ok`` if every step ran; ``error`` otherwise (observations so far are kept)."""
+    error: str | None
+    """One-paragraph description of what went wrong, or None."""
+    observations: tuple[Observation, ...]
+    """Observations in the order they were taken."""
+    seconds: float
+    """Wall time of the arm, engine start included."""
+    environment: tuple[tuple[str, str], ...] = field(default=())
+    """vLLM/torch versions, device and similar facts read inside the arm."""
+
+    def observation(self, label: str) -> Observation | None:
+        return next((o for o in self.observations if o.label == label), None)

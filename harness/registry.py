@@ -1,0 +1,50 @@
+"""One strict, lazy registry per plug-in kind.
+
+Entries are registered as ``"module:attribute"`` strings and imported only when
+looked up, so listing names never imports vLLM. A duplicate name raises; an
+unknown name answers with what exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownName(KeyError):
+    """A lookup named something the registry does not hold."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want a plain line
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """Name -> lazily imported object, for one kind of plug-in."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._targets: dict[str, str] = {}
+        self._loaded: dict[str, T] = {}
+
+    def register(self, name: str, target: str) -> None:
+        if name in self._targets:
+            raise ValueError(f"{self.kind} {name!r} is already registered ({self._targets[name]})")
+        if ":" not in target:
+            raise ValueError(f"{self.kind} target must be 'module:attribute', got {target!r}")
+        self._targets[name] = target
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._targets)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._targets
+
+    def get(self, name: str) -> T:
+        if name not in self._targets:
+            raise UnknownName(f"unknown {self.kind} {name!r}. Available: {sorted(self._targets)}")
+        if name not in self._loaded:
+            module_name, _, attr = self._targets[name].partition(":")
+            self._loaded[name] = getattr(importlib.import_module(module_name), attr)
+        return self._loaded[name]

@@ -1,0 +1,126 @@
+"""index.html: one self-contained page (inline CSS, no scripts, no network)."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from harness.pipeline import Evaluation
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2330;padding:0 1rem}
+h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ccd;padding-bottom:.2rem}
+table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px solid #ccd;padding:.25rem .5rem;
+text-align:left;vertical-align:top}th{background:#eef0f5}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
+.PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA,.REBOUND{background:#f9d6d5}
+.INCONCLUSIVE,.NOISY{background:#fbefc8}.SKIPPED{background:#e6e6e6}.ERROR{background:#f2c1f2}
+.badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
+background:#fff5f5;margin:.5rem 0}.muted{color:#667}
+"""
+
+
+def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, tokens: pd.DataFrame) -> str:
+    parts = [f"<h1>refit-harness report</h1><p class='muted'>Oracle: warm A→B through each path vs a cold start "
+             f"on B, with cold A as witness. Started {escape(ev.record.started)}.</p>",
+             _verdicts(summary), _first_divergences(summary), _control(summary), _noise(summary),
+             _non_ok(tensors), _tokens(tokens), _arms(summary), _environment(summary)]
+    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def _table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join(
+        f"<tr class='{(row_classes or [''] * len(rows))[i]}'>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
+        for i, row in enumerate(rows))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _badge(status: str) -> str:
+    return f"<span class='badge {escape(status)}'>{escape(status)}</span>"
+
+
+def _verdicts(summary: dict[str, Any]) -> str:
+    rows = []
+    for name, p in summary["paths"].items():
+        ctl = p.get("positive_control")
+        ctl_text = "—" if ctl is None else ("detected" if ctl["detected"] else "<b>missed</b>")
+        reasons = "<br>".join(escape(r) for r in p["reasons"]) or "—"
+        rows.append([f"<code>{escape(name)}</code>", _badge(p["verdict"]), ctl_text, reasons])
+    return "<section id='verdicts'><h2>Verdicts</h2>" + _table(["path", "verdict", "positive control", "reasons"], rows) + "</section>"
+
+
+def _first_divergences(summary: dict[str, Any]) -> str:
+    items = [f"<div class='first'><b>{escape(name)}</b>: first divergent tensor "
+             f"<code>{escape(p['first_divergent_tensor'])}</code></div>"
+             for name, p in summary["paths"].items() if p.get("first_divergent_tensor")]
+    if not items:
+        return "<section id='first-divergence'><h2>First divergence</h2><p>No tensor differs after any refit.</p></section>"
+    return "<section id='first-divergence'><h2>First divergence</h2>" + "".join(items) + "</section>"
+
+
+def _control(summary: dict[str, Any]) -> str:
+    rows = []
+    for name, p in summary["paths"].items():
+        ctl = p.get("positive_control")
+        if ctl is None:
+            continue
+        rows.append([f"<code>{escape(name)}</code>", _badge("OK" if ctl["detected"] else "FAIL"),
+                     f"<code>{escape(ctl['checkpoint_tensor'])}</code>",
+                     "<br>".join(f"<code>{escape(m)}</code>" for m in ctl["expected_modules"]),
+                     "<br>".join(f"<code>{escape(t)}</code>" for t in ctl["localized_to"]) or "—",
+                     "yes" if ctl["tokens_moved"] else "<b>no</b>", f"{ctl['max_logprob_shift']:.3g}"])
+    return ("<section id='positive-control'><h2>Positive control</h2><p class='muted'>B′ = B with one checkpoint "
+            "tensor scaled. Warm B′ vs warm B must differ at the module that tensor loads into; otherwise the "
+            "verdict is INCONCLUSIVE.</p>"
+            + _table(["path", "detected", "scaled tensor", "expected modules", "seen at", "outputs moved",
+                      "max logprob shift"], rows) + "</section>")
+
+
+def _noise(summary: dict[str, Any]) -> str:
+    nf = summary["noise_floor"]
+    rows = [[escape(k), escape(str(v["first_divergence"])), f"{v['max_logprob_diff']:.3g}"] for k, v in nf["tokens"].items()]
+    tensors = ", ".join(f"<code>{escape(t)}</code>" for t in nf["differing_tensors"]) or "none"
+    return ("<section id='noise-floor'><h2>Noise floor (cold B vs cold B)</h2>"
+            f"<p>Tensors that differ between two cold starts (not judged): {tensors}</p>"
+            + _table(["prompt", "first divergence", "max logprob diff"], rows) + "</section>")
+
+
+def _non_ok(tensors: pd.DataFrame) -> str:
+    bad = tensors[(tensors["status"] != "OK") & (tensors["check"] != "noise")]
+    rows = [[f"<code>{escape(r.path)}</code>", escape(r.check), f"<code>{escape(r.tensor)}</code>", escape(r.kind),
+             _badge(r.status), "yes" if r.address_moved else "no"] for r in bad.itertuples()]
+    body = _table(["path", "check", "tensor", "kind", "status", "address moved"], rows) if rows else "<p>All tensors OK.</p>"
+    total = len(tensors[tensors["check"] == "refit"])
+    return (f"<section id='tensors'><h2>Non-OK tensors</h2><p class='muted'>{total} tensor(s) compared per path "
+            f"after refit; full list in tensors.csv.</p>{body}</section>")
+
+
+def _tokens(tokens: pd.DataFrame) -> str:
+    rows = []
+    classes = []
+    for r in tokens[tokens["check"] != "noise"].itertuples():
+        diverged = not pd.isna(r.first_divergence)
+        rows.append([f"<code>{escape(r.path)}</code>", escape(r.check), str(r.prompt),
+                     escape(str(r.first_divergence)) if diverged else "identical", f"{r.max_logprob_diff:.3g}",
+                     f"<span class='mono'>{escape(r.subject_tokens)}</span>",
+                     f"<span class='mono'>{escape(r.reference_tokens)}</span>"])
+        classes.append("FAIL" if diverged else "")
+    return ("<section id='tokens'><h2>Greedy tokens</h2>"
+            + _table(["path", "check", "prompt", "first divergence", "max logprob diff", "subject", "reference"],
+                     rows, classes) + "</section>")
+
+
+def _arms(summary: dict[str, Any]) -> str:
+    rows = [[escape(a["arm"]), escape(a["role"]), escape(a["path"] or "—"), _badge("OK" if a["status"] == "ok" else "ERROR"),
+             f"{a['seconds']:.0f} s", escape(", ".join(a["observations"])), escape(a["error"] or "")]
+            for a in summary["arms"]]
+    return "<section id='arms'><h2>Arms</h2>" + _table(["arm", "role", "path", "status", "time", "observed", "error"], rows) + "</section>"
+
+
+def _environment(summary: dict[str, Any]) -> str:
+    env = {**summary["environment"], **{f"checkpoint {k}": v for k, v in summary["checkpoints"].items()}}
+    rows = [[escape(k), f"<code>{escape(str(v))}</code>"] for k, v in env.items()]
+    return "<section id='environment'><h2>Environment</h2>" + _table(["", ""], rows) + "</section>"

@@ -1,0 +1,77 @@
+"""summary.json (the output contract) and summary.md (a PR comment)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from harness.pipeline import Evaluation
+from harness.store import SCHEMA_VERSION
+
+
+def summary_dict(ev: Evaluation) -> dict[str, Any]:
+    comparisons = {c.path: c for c in ev.comparisons}
+    paths: dict[str, Any] = {}
+    for v in ev.verdicts:
+        c = comparisons.get(v.path)
+        entry: dict[str, Any] = {"verdict": v.status.value, "reasons": list(v.reasons),
+                                 "first_divergent_tensor": v.first_divergent_tensor}
+        if c is not None:
+            entry["tensor_statuses"] = {check: dict(Counter(d.status.value for d in c.tensors if d.check == check))
+                                        for check in ("refit", "idempotency", "round_trip")}
+            entry["first_token_divergence"] = {
+                str(d.prompt): d.first_divergence for d in c.tokens if d.check == "refit"}
+            ctl = c.control
+            entry["positive_control"] = None if ctl is None else {
+                "checkpoint_tensor": ctl.checkpoint_tensor, "detected": ctl.detected,
+                "expected_modules": list(ctl.expected_modules), "localized_to": list(ctl.localized),
+                "changed": list(ctl.changed), "tokens_moved": ctl.tokens_moved,
+                "max_logprob_shift": ctl.max_logprob_shift}
+        paths[v.path] = entry
+    noise = next(iter(ev.comparisons), None)
+    noise_tensors = [d.tensor for d in noise.tensors if d.check == "noise" and d.status.value != "OK"] if noise else []
+    noise_tokens = {str(d.prompt): {"first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff}
+                    for d in noise.tokens if d.check == "noise"} if noise else {}
+    env = dict(next((a.environment for a in ev.arms if a.environment), ()))
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "exit_code": ev.exit_code,
+        "paths": paths,
+        "noise_floor": {"differing_tensors": noise_tensors, "tokens": noise_tokens},
+        "arms": [{"arm": a.arm, "role": a.role, "path": a.path, "status": a.status, "error": a.error,
+                  "seconds": a.seconds, "observations": [o.label for o in a.observations]} for a in ev.arms],
+        "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
+                        "B_control": ev.record.checkpoints.b_control,
+                        "control_tensor": ev.record.checkpoints.control_tensor},
+        "environment": {**env, "git_sha": ev.record.git_sha, "started": ev.record.started,
+                        "mode": ev.record.spec.engine.mode, "dtype": ev.record.spec.engine.dtype,
+                        "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size},
+    }
+
+
+def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
+    icon = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭️", "ERROR": "💥"}
+    env = summary["environment"]
+    lines = [
+        "## refit-harness: warm A→B vs cold B",
+        "",
+        f"vLLM `{env.get('vllm', '?')}` · torch `{env.get('torch', '?')}` · {env.get('device', '?')} · "
+        f"{env['mode']} · harness `{env['git_sha']}`",
+        "",
+        "| path | verdict | positive control | first divergent tensor | reasons |",
+        "|---|---|---|---|---|",
+    ]
+    for name, p in summary["paths"].items():
+        ctl = p.get("positive_control")
+        ctl_text = "—" if ctl is None else ("detected" if ctl["detected"] else "**missed**")
+        reasons = "<br>".join(_md(r) for r in p["reasons"][:4]) or "—"
+        lines.append(f"| `{name}` | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | "
+                     f"{_md(p['first_divergent_tensor'] or '—')} | {reasons} |")
+    nf = summary["noise_floor"]
+    lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
+              f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")

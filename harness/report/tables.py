@@ -1,0 +1,36 @@
+"""Flat tables of the comparisons, for CSV and the HTML page."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.pipeline import Evaluation
+from harness.store import SCHEMA_VERSION
+
+TENSOR_COLUMNS = ["schema_version", "path", "check", "tensor", "kind", "status", "address_moved",
+                  "subject_digest", "reference_digest", "witness_digest"]
+TOKEN_COLUMNS = ["schema_version", "path", "check", "prompt", "first_divergence", "max_logprob_diff",
+                 "subject_tokens", "reference_tokens"]
+
+
+def tensor_table(ev: Evaluation) -> pd.DataFrame:
+    rows = [
+        {"schema_version": SCHEMA_VERSION, "path": c.path, "check": d.check, "tensor": d.tensor, "kind": d.kind,
+         "status": d.status.value, "address_moved": d.address_moved, "subject_digest": d.subject_digest,
+         "reference_digest": d.reference_digest, "witness_digest": d.witness_digest}
+        for c in ev.comparisons for d in c.tensors
+    ]
+    return pd.DataFrame(rows, columns=TENSOR_COLUMNS)
+
+
+def token_table(ev: Evaluation) -> pd.DataFrame:
+    rows = [
+        {"schema_version": SCHEMA_VERSION, "path": c.path, "check": d.check, "prompt": d.prompt,
+         "first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff,
+         "subject_tokens": " ".join(map(str, d.subject_tokens)),
+         "reference_tokens": " ".join(map(str, d.reference_tokens))}
+        for c in ev.comparisons for d in c.tokens
+    ]
+    df = pd.DataFrame(rows, columns=TOKEN_COLUMNS)
+    df["first_divergence"] = df["first_divergence"].astype("Int64")  # keep ints with gaps, not floats
+    return df

@@ -1,0 +1,109 @@
+"""What to run: frozen specs, no torch, no vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["eager", "compiled"]
+
+# Fixed token-id prompts: no tokenizer is needed, so any checkpoint works offline.
+DEFAULT_PROMPTS: tuple[tuple[int, ...], ...] = (
+    (1, 17, 42, 99, 128, 7, 300, 12),
+    (5, 5, 5, 5, 250, 251, 252, 253, 254, 255),
+    (400, 3, 77, 21, 160, 88),
+    (9, 480, 33, 2, 64, 310, 11, 45, 201, 130, 19),
+)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Settings every engine arm of a run is built with."""
+
+    dtype: str = "float32"
+    """Model dtype passed to ``LLM(dtype=...)``."""
+    mode: Mode = "eager"
+    """``eager`` (``enforce_eager=True``) or ``compiled`` (torch.compile; CUDA graphs on GPU)."""
+    tensor_parallel_size: int = 1
+    """Ranks per engine."""
+    kv_cache_memory_bytes: int = 64 << 20
+    """KV cache size; small so that many arms fit on a laptop-sized machine."""
+    max_model_len: int = 256
+    """Longest sequence an arm serves."""
+    max_num_seqs: int = 8
+    """Batch size limit."""
+    seed: int = 0
+    """Engine seed."""
+    enable_prefix_caching: bool = False
+    """Off for the oracle: a refit must be judged on recomputed KV, not cached KV."""
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """The fixed prompts and how to decode them."""
+
+    token_ids: tuple[tuple[int, ...], ...] = DEFAULT_PROMPTS
+    """Token-id prompts; ids must be below the model's vocabulary size."""
+    max_tokens: int = 12
+    """Greedy tokens generated per prompt."""
+    logprobs: int = 5
+    """Top-k logprobs recorded per generated token."""
+
+
+@dataclass(frozen=True)
+class PerturbSpec:
+    """How B is made from A when no ``--target`` is given."""
+
+    name: str = "gaussian"
+    """Registered perturbation (``harness.perturb.PERTURBATIONS``)."""
+    seed: int = 1
+    """Generator seed: the same seed makes the same B."""
+    strength: float = 0.05
+    """Relative size of the change."""
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    """The positive control: B' is B with one checkpoint tensor scaled."""
+
+    tensor: str = "model.layers.0.self_attn.q_proj.weight"
+    """Checkpoint name of the tensor to scale (by default one that vLLM packs into
+    ``qkv_proj``, so localization through packed modules is exercised)."""
+    scale: float = 1.01
+    """Factor applied to that tensor."""
+
+
+@dataclass(frozen=True)
+class JudgePolicy:
+    """How differences become verdicts."""
+
+    logprob_atol: float = 1.0e-4
+    """Allowed |logprob difference| on top of the measured noise floor."""
+    rebound: Literal["auto", "fail", "warn"] = "auto"
+    """Whether a tensor whose storage moved across a refit fails the path. A moved
+    address harms only code that captured the old one (CUDA graphs), so ``auto`` fails
+    it when the engine runs compiled on a GPU and only reports it otherwise."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One oracle run: checkpoints, paths and settings."""
+
+    model: str
+    """Directory of checkpoint A."""
+    target: str | None = None
+    """Directory of checkpoint B; None means A perturbed by ``perturb``."""
+    paths: tuple[str, ...] = ("reload_weights",)
+    """Registered reload paths to exercise (``harness.paths.PATHS``)."""
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    """Engine settings shared by every arm."""
+    prompts: PromptSpec = field(default_factory=PromptSpec)
+    """Fixed prompts and decoding."""
+    perturb: PerturbSpec = field(default_factory=PerturbSpec)
+    """Recipe for B when no target is given."""
+    control: ControlSpec = field(default_factory=ControlSpec)
+    """The planted difference that must be detected."""
+    judge: JudgePolicy = field(default_factory=JudgePolicy)
+    """Tolerances and policies of the verdict."""
+    arm_timeout_s: float = 900.0
+    """An arm running longer than this is killed and marked ERROR."""

@@ -1,0 +1,136 @@
+"""Comparisons -> verdicts. Pure; failure is a value here, exit codes come later."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from harness.compare import PathComparison, TensorDiff, TensorStatus, TokenDiff
+from harness.spec import JudgePolicy, Mode
+
+
+class VerdictStatus(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    SKIPPED = "SKIPPED"
+    ERROR = "ERROR"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer for one path, with the reasons a reviewer reads."""
+
+    path: str
+    """Reload path name."""
+    status: VerdictStatus
+    """PASS, FAIL, INCONCLUSIVE, SKIPPED or ERROR."""
+    reasons: tuple[str, ...]
+    """Why, most important first; empty only for a clean PASS."""
+    first_divergent_tensor: str | None = None
+    """First tensor (model order) that is not OK after the refit, with its status."""
+    control_detected: bool | None = None
+    """Whether the positive control was seen at its target (None if never run)."""
+
+
+FAILING = (TensorStatus.STALE, TensorStatus.CORRUPT, TensorStatus.MISSING, TensorStatus.EXTRA)
+JUDGED_CHECKS = ("refit", "idempotency", "round_trip")
+
+
+def skipped(path: str, reason: str) -> Verdict:
+    return Verdict(path=path, status=VerdictStatus.SKIPPED, reasons=(reason,))
+
+
+def rebound_fails(policy: JudgePolicy, mode: Mode, device: str) -> bool:
+    """A moved address matters where a captured graph keeps reading the old one."""
+    if policy.rebound == "auto":
+        return mode == "compiled" and not device.startswith("cpu")
+    return policy.rebound == "fail"
+
+
+def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool) -> Verdict:
+    failing = FAILING + ((TensorStatus.REBOUND,) if fail_on_rebound else ())
+    judged = [d for d in c.tensors if d.check in JUDGED_CHECKS]
+    bad = [d for d in judged if d.status in failing]
+    reasons = [_tensor_reason(check, [d for d in bad if d.check == check]) for check in JUDGED_CHECKS]
+    reasons = [r for r in reasons if r]
+    token_reasons = _token_reasons(c.tokens, policy)
+    reasons += token_reasons
+    rebound = sorted({d.tensor for d in judged if d.status is TensorStatus.REBOUND})
+    if rebound and not fail_on_rebound:
+        reasons.append(f"{len(rebound)} tensor(s) REBOUND, not failing: no captured graph reads old addresses in "
+                       f"this mode (first: {rebound[0]})")
+    noisy = sorted({d.tensor for d in c.tensors if d.check == "noise" and d.status is not TensorStatus.OK})
+    # Name a wrong value before a moved address, and the refit check before the others.
+    ranked = sorted(bad, key=lambda d: (d.status is TensorStatus.REBOUND, JUDGED_CHECKS.index(d.check)))
+    first_bad = ranked[0] if ranked else None
+    first = f"{first_bad.tensor} ({first_bad.status.value}, {first_bad.check})" if first_bad else None
+    control = c.control
+    control_reasons = _control_reasons(c)
+    if noisy:
+        reasons.append(f"noise floor: {len(noisy)} tensor(s) differ between two cold starts on B and were not "
+                       f"judged (first: {noisy[0]})")
+
+    if c.errors or c.missing_observations:
+        why = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
+        return Verdict(c.path, VerdictStatus.ERROR, tuple(why + reasons), first,
+                       control.detected if control else None)
+    if bad or token_reasons:
+        return Verdict(c.path, VerdictStatus.FAIL, tuple(reasons + control_reasons), first,
+                       control.detected if control else None)
+    if control_reasons:
+        return Verdict(c.path, VerdictStatus.INCONCLUSIVE, tuple(control_reasons + reasons), first,
+                       control.detected if control else None)
+    return Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, True)
+
+
+def _tensor_reason(check: str, diffs: list[TensorDiff]) -> str | None:
+    if not diffs:
+        return None
+    counts: dict[str, int] = {}
+    for d in diffs:
+        counts[d.status.value] = counts.get(d.status.value, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    where = {"refit": "after refit A->B vs cold B", "idempotency": "after refitting B a second time vs the first",
+             "round_trip": "after refit back to A vs cold A"}[check]
+    return f"{summary} {where} (first: {diffs[0].tensor} {diffs[0].status.value})"
+
+
+def _token_reasons(tokens: tuple[TokenDiff, ...], tol: JudgePolicy) -> list[str]:
+    noise = {d.prompt: d for d in tokens if d.check == "noise"}
+    reasons = []
+    for d in tokens:
+        if d.check not in JUDGED_CHECKS:
+            continue
+        n = noise.get(d.prompt)
+        noise_div = n.first_divergence if n else None
+        noise_lp = n.max_logprob_diff if n else 0.0
+        if d.first_divergence is not None and (noise_div is None or d.first_divergence < noise_div):
+            floor = "identical" if noise_div is None else f"diverges at token {noise_div}"
+            reasons.append(f"prompt {d.prompt} ({d.check}) diverges at token {d.first_divergence}: "
+                           f"{_window(d.subject_tokens, d.first_divergence)} vs "
+                           f"{_window(d.reference_tokens, d.first_divergence)} (noise floor: {floor})")
+        elif d.max_logprob_diff > tol.logprob_atol + noise_lp:
+            reasons.append(f"prompt {d.prompt} ({d.check}) logprobs differ by {d.max_logprob_diff:.3g} "
+                           f"> tolerance {tol.logprob_atol:g} + noise floor {noise_lp:.3g}")
+    return reasons
+
+
+def _window(tokens: tuple[int, ...], at: int) -> str:
+    return "[" + " ".join(str(t) for t in tokens[max(0, at - 1): at + 2]) + "]"
+
+
+def _control_reasons(c: PathComparison) -> list[str]:
+    ctl = c.control
+    if ctl is None:
+        return ["positive control never ran: verdict cannot be trusted"]
+    reasons = []
+    if not ctl.detected:
+        where = ", ".join(ctl.expected_modules)
+        seen = f"; changed instead: {', '.join(ctl.changed[:3])}" if ctl.changed else "; nothing changed"
+        reasons.append(f"positive control not detected: scaling {ctl.checkpoint_tensor} changed no tensor of "
+                       f"{where}{seen}")
+    if not ctl.tokens_moved:
+        reasons.append(f"positive control invisible to the token check: outputs moved by at most "
+                       f"{ctl.max_logprob_shift:.3g} after scaling {ctl.checkpoint_tensor}")
+    return reasons
