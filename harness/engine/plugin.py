@@ -1,22 +1,40 @@
 """vLLM general plugin (entry point group ``vllm.general_plugins``).
 
 vLLM loads it in every process it spawns (front end, engine core, workers), which is
-the only way a registration reaches the workers. It registers the harness's planted-bug
-fixture models, lazily by ``module:Class`` so nothing heavy is imported here.
+the only way a registration reaches the workers. It registers, lazily by
+``module:Class``:
+- the harness's planted-bug fixture models;
+- any architectures named in ``REFIT_HARNESS_MODELS`` (``Arch=module:Class`` pairs,
+  comma-separated), so a user can test an out-of-tree model without an entry point
+  of their own. The variable is inherited by every spawned process.
 """
 
 from __future__ import annotations
+
+import os
 
 FIXTURE_ARCHITECTURES = {
     "StaleQKNormQwen3ForCausalLM": "harness.fixtures.models:StaleQKNormQwen3ForCausalLM",
     "FixedQKNormQwen3ForCausalLM": "harness.fixtures.models:FixedQKNormQwen3ForCausalLM",
 }
+EXTRA_MODELS_ENV = "REFIT_HARNESS_MODELS"
+
+
+def extra_architectures(value: str | None) -> dict[str, str]:
+    pairs = {}
+    for item in filter(None, (x.strip() for x in (value or "").split(","))):
+        arch, sep, target = item.partition("=")
+        if not sep or ":" not in target:
+            raise ValueError(f"{EXTRA_MODELS_ENV}: expected Arch=module:Class, got {item!r}")
+        pairs[arch.strip()] = target.strip()
+    return pairs
 
 
 def register() -> None:
     from vllm import ModelRegistry
 
     supported = set(ModelRegistry.get_supported_archs())
-    for arch, target in FIXTURE_ARCHITECTURES.items():
+    wanted = {**FIXTURE_ARCHITECTURES, **extra_architectures(os.environ.get(EXTRA_MODELS_ENV))}
+    for arch, target in wanted.items():
         if arch not in supported:
             ModelRegistry.register_model(arch, target)

@@ -14,8 +14,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1200px;color
 h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ccd;padding-bottom:.2rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px solid #ccd;padding:.25rem .5rem;
 text-align:left;vertical-align:top}th{background:#eef0f5}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
-.PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA,.REBOUND{background:#f9d6d5}
-.INCONCLUSIVE,.NOISY{background:#fbefc8}.SKIPPED{background:#e6e6e6}.ERROR{background:#f2c1f2}
+.PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA{background:#f9d6d5}
+.INCONCLUSIVE,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED{background:#e6e6e6}.ERROR{background:#f2c1f2}
 .badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
 background:#fff5f5;margin:.5rem 0}.muted{color:#667}
 """
@@ -81,7 +81,8 @@ def _control(summary: dict[str, Any]) -> str:
 
 def _noise(summary: dict[str, Any]) -> str:
     nf = summary["noise_floor"]
-    rows = [[escape(k), escape(str(v["first_divergence"])), f"{v['max_logprob_diff']:.3g}"] for k, v in nf["tokens"].items()]
+    rows = [[escape(k), "identical" if v["first_divergence"] is None else escape(str(v["first_divergence"])),
+             f"{v['max_logprob_diff']:.3g}"] for k, v in nf["tokens"].items()]
     tensors = ", ".join(f"<code>{escape(t)}</code>" for t in nf["differing_tensors"]) or "none"
     return ("<section id='noise-floor'><h2>Noise floor (cold B vs cold B)</h2>"
             f"<p>Tensors that differ between two cold starts (not judged): {tensors}</p>"

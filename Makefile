@@ -1,0 +1,41 @@
+# Two commands matter: `make run` and `make test`. Both set themselves up first.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# GPU machines take CUDA vLLM; everything else the CPU build.
+DEVICE := $(if $(or $(filter gpu,$(HARNESS_DEVICE)),$(shell command -v nvidia-smi 2>/dev/null)),gpu,cpu)
+STAMP := $(VENV)/.installed-$(DEVICE)
+PIP_QUIET := 2>&1 | grep -v "^WARNING: Location" || true
+RUN_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench browser clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "installing refit-harness[$(DEVICE),dev] into $(VENV) (a few minutes the first time)"
+	$(PY) -m pip install -q -e ".[$(DEVICE),dev]" 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
+	@# PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; text models need none.
+	@if [ "$(DEVICE)" = cpu ]; then $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec $(PIP_QUIET); fi
+	@touch $@
+
+setup: $(STAMP)
+
+# Headless Chromium checks the HTML report; install Debian's when we can (root + apt).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "chromium not installed: the browser test will be skipped"
+
+run: setup
+	$(VENV)/bin/refit-harness run $(RUN_ARGS)
+
+test: setup browser
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) reports/*/ .pytest_cache

@@ -1,0 +1,38 @@
+"""The HTML report as a person sees it: rendered by real headless Chromium."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from harness import checkpoints
+
+CHROMIUM = shutil.which("chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
+                              capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make browser)")
+def test_failing_report_renders_its_verdict_and_first_divergence(run_oracle, tmp_path):
+    run = run_oracle("stale", "--model", str(checkpoints.tiny_qwen3(architecture="StaleQKNormQwen3ForCausalLM")))
+    page = (run.out / "index.html").resolve().as_uri()
+    dom = chromium("--dump-dom", page).stdout
+    verdicts = dom[dom.index("id=\"verdicts\""):dom.index("id=\"first-divergence\"")]
+    assert "reload_weights" in verdicts and "FAIL" in verdicts
+    first = dom[dom.index("id=\"first-divergence\""):dom.index("id=\"positive-control\"")]
+    assert "q_norm.weight_fp32" in first and "STALE" in first
+    for section in ("positive-control", "noise-floor", "tensors", "tokens", "arms", "environment"):
+        assert f'id="{section}"' in dom
+    shot = tmp_path / "report.png"
+    chromium("--window-size=1280,1600", f"--screenshot={shot}", page)
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one

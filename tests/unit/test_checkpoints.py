@@ -1,0 +1,70 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from harness import checkpoints
+from harness.perturb import gaussian
+from harness.spec import ControlSpec, PerturbSpec
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    d = tmp_path / "A"
+    d.mkdir()
+    g = torch.Generator().manual_seed(0)
+    save_file({"w": torch.randn(8, 4, generator=g), "norm.weight": torch.ones(4), "bias": torch.zeros(4),
+               "ids": torch.arange(3)}, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"vocab_size": 10}))
+    (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+def test_perturbation_changes_every_float_tensor_and_is_seeded(ckpt, tmp_path):
+    b1 = checkpoints.perturbed(ckpt, PerturbSpec(seed=3), cache=tmp_path / "c1")
+    b2 = checkpoints.perturbed(ckpt, PerturbSpec(seed=3), cache=tmp_path / "c2")
+    a, w1, w2 = (checkpoints.load_weights(d) for d in (ckpt, b1, b2))
+    for name in ("w", "norm.weight", "bias"):  # constant ones and zeros move too
+        assert not torch.equal(a[name], w1[name]), name
+        assert (a[name] != w1[name]).all(), f"every element of {name} must change"
+        assert torch.equal(w1[name], w2[name])
+    assert torch.equal(a["ids"], w1["ids"])  # integer tensors are not weights
+    assert (b1 / "tokenizer.json").exists() and (b1 / "config.json").exists()
+
+
+def test_control_scales_exactly_one_tensor(ckpt, tmp_path):
+    bc = checkpoints.with_control(ckpt, ControlSpec(tensor="w", scale=1.01), cache=tmp_path)
+    a, c = checkpoints.load_weights(ckpt), checkpoints.load_weights(bc)
+    assert torch.allclose(c["w"], a["w"] * 1.01)
+    assert all(torch.equal(a[n], c[n]) for n in a if n != "w")
+
+
+def test_bad_checkpoints_are_usage_errors(ckpt, tmp_path):
+    with pytest.raises(checkpoints.CheckpointError, match="not found"):
+        checkpoints.weight_files(tmp_path / "nope")
+    with pytest.raises(checkpoints.CheckpointError, match="positive-control tensor 'missing.weight'"):
+        checkpoints.with_control(ckpt, ControlSpec(tensor="missing.weight"), cache=tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(checkpoints.CheckpointError, match="no \\*.safetensors"):
+        checkpoints.weight_files(empty)
+
+
+def test_gaussian_moves_a_zero_tensor():
+    out = gaussian("z", torch.zeros(5), torch.Generator().manual_seed(0), 0.05)
+    assert (out != 0).all()
+
+
+def test_tiny_qwen3_is_deterministic_and_norms_are_not_ones(tmp_path):
+    d1 = checkpoints.tiny_qwen3(seed=0, cache=tmp_path / "x")
+    d2 = checkpoints.tiny_qwen3(seed=0, cache=tmp_path / "y")
+    w1, w2 = checkpoints.load_weights(d1), checkpoints.load_weights(d2)
+    assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
+    norms = [k for k in w1 if k.endswith("norm.weight")]
+    assert any("q_norm" in k for k in norms) and any("k_norm" in k for k in norms)
+    assert all(not torch.allclose(w1[k], torch.ones_like(w1[k])) for k in norms)
+    assert any(k.endswith("q_proj.bias") for k in w1)
+    assert json.loads((d1 / "config.json").read_text())["head_dim"] == 32
+    fixture = checkpoints.tiny_qwen3(seed=0, architecture="StaleQKNormQwen3ForCausalLM", cache=tmp_path / "x")
+    assert json.loads((fixture / "config.json").read_text())["architectures"] == ["StaleQKNormQwen3ForCausalLM"]

@@ -1,0 +1,96 @@
+import math
+
+from harness.compare import (TensorStatus, compare_control, compare_outputs, compare_path, compare_tensors,
+                             control_targets)
+from tests.records import A, B, QWEN_PACKED, arm, obs, output, subject, tensor
+
+
+def statuses(diffs):
+    return {d.tensor: d.status for d in diffs}
+
+
+def test_value_statuses_against_reference_and_witness():
+    warm = obs("warm_B", {"ok": "b1", "stale": "a2", "corrupt": "x3", "extra": "e"})
+    ref = obs("cold_B", {"ok": "b1", "stale": "b2", "corrupt": "b3", "missing": "m"})
+    wit = obs("cold_A", {"ok": "a1", "stale": "a2", "corrupt": "a3", "missing": "m"})
+    got = statuses(compare_tensors("refit", warm, ref, witness=wit))
+    assert got == {"ok": TensorStatus.OK, "stale": TensorStatus.STALE, "corrupt": TensorStatus.CORRUPT,
+                   "missing": TensorStatus.MISSING, "extra": TensorStatus.EXTRA}
+
+
+def test_moved_address_is_rebound_only_when_value_is_right():
+    before = obs("cold_A", [tensor("w", "a", address=1), tensor("k", "a", address=5, kind="kernel")])
+    warm = obs("warm_B", [tensor("w", "b", address=2), tensor("k", "b", address=6, kind="kernel")])
+    ref = obs("cold_B", [tensor("w", "b", address=9), tensor("k", "b", address=9, kind="kernel")])
+    got = statuses(compare_tensors("refit", warm, ref, witness=before, before=before))
+    assert got == {"w": TensorStatus.REBOUND, "k": TensorStatus.OK}  # kernel outputs have no stable address
+
+
+def test_nan_counts_as_difference_even_with_identical_bytes():
+    warm = obs("warm_B", [tensor("w", "same", nan_count=1)])
+    ref = obs("cold_B", [tensor("w", "same", nan_count=1)])
+    assert statuses(compare_tensors("refit", warm, ref))["w"] is TensorStatus.CORRUPT
+
+
+def test_noisy_tensors_are_not_judged():
+    warm = obs("warm_B", {"w": "x"})
+    ref = obs("cold_B", {"w": "y"})
+    assert statuses(compare_tensors("refit", warm, ref, noisy=frozenset({"w"})))["w"] is TensorStatus.NOISY
+
+
+def test_first_divergence_and_logprob_difference():
+    s = obs("warm_B", {}, [output(0, (1, 2, 3), -1.0), output(1, (4, 5, 6), -1.0)])
+    r = obs("cold_B", {}, [output(0, (1, 2, 3), -1.25), output(1, (4, 9, 6), -1.0)])
+    d = {x.prompt: x for x in compare_outputs("refit", s, r)}
+    assert d[0].first_divergence is None and math.isclose(d[0].max_logprob_diff, 0.25)
+    assert d[1].first_divergence == 1
+
+
+def test_shorter_output_diverges_where_it_ends():
+    s = obs("warm_B", {}, [output(0, (1, 2))])
+    r = obs("cold_B", {}, [output(0, (1, 2, 3))])
+    assert compare_outputs("refit", s, r)[0].first_divergence == 2
+
+
+def test_nan_logprob_is_infinite_difference():
+    s = obs("warm_B", {}, [output(0, (1,), float("nan"))])
+    r = obs("cold_B", {}, [output(0, (1,), float("nan"))])
+    assert compare_outputs("refit", s, r)[0].max_logprob_diff == math.inf
+
+
+def test_control_targets_follow_packed_modules():
+    assert control_targets("model.layers.0.self_attn.q_proj.weight", QWEN_PACKED) == (
+        "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.qkv_proj")
+    assert control_targets("model.norm.weight", QWEN_PACKED) == ("model.norm",)
+
+
+def test_control_detected_only_at_its_target():
+    base = obs("warm_B", {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k", "model.norm.weight": "n"})
+    hit = obs("warm_B_control", {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k2", "model.norm.weight": "n"},
+              [output(0, (1, 2, 3), -2.0)])
+    elsewhere = obs("warm_B_control", {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k", "model.norm.weight": "n2"})
+    name = "model.layers.0.self_attn.q_proj.weight"
+    good = compare_control(name, hit, base, logprob_floor=1e-4)
+    assert good.detected and good.tokens_moved
+    bad = compare_control(name, elsewhere, base, logprob_floor=1e-4)
+    assert not bad.detected and bad.changed == ("model.norm.weight",)
+
+
+def test_compare_path_runs_every_check():
+    ref = arm("reference", "reference", obs("cold_B", B))
+    noise = arm("noise", "noise", obs("cold_B", B))
+    c = compare_path("p", subject(), ref, noise, "q_proj.weight", 1e-4)
+    assert {d.check for d in c.tensors} == {"noise", "refit", "idempotency", "round_trip"}
+    assert not c.errors and not c.missing_observations
+    assert all(d.status is TensorStatus.OK for d in c.tensors)
+    assert c.control is not None and c.control.detected
+
+
+def test_compare_path_reports_missing_observations_and_errors():
+    ref = arm("reference", "reference", obs("cold_B", B))
+    c = compare_path("p", subject(drop=("warm_A", "warm_B_control")), ref, None, "q_proj.weight", 1e-4)
+    assert c.missing_observations == ("warm_A", "warm_B_control")
+    assert c.control is None
+    dead = arm("reference", "reference", error="boom")
+    c2 = compare_path("p", subject(), dead, None, "q_proj.weight", 1e-4)
+    assert any("boom" in e for e in c2.errors)

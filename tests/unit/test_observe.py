@@ -1,0 +1,80 @@
+import functools
+
+import torch
+from torch import nn
+
+from harness.observe import probe_linear_kernels, tensor_digest, walk_model
+
+
+class KernelObject:
+    def __init__(self, scale):
+        self.scale = scale
+        self.strides = [torch.tensor([1, 2]), torch.tensor([3])]
+
+
+class QuantMethod:
+    def __init__(self):
+        self.workspace = torch.zeros(3)
+        self.kernel = KernelObject(torch.ones(2))
+
+    def apply(self, layer, x, bias=None):
+        return x @ layer.packed.t()
+
+
+class Hidden(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("buf", torch.zeros(4))
+        self.copy = self.weight.detach().clone()
+        object.__setattr__(self, "sneaky", torch.ones(4))
+        self.listed = [torch.ones(1), (torch.zeros(1),)]
+        self.keyed = {"a": torch.ones(2)}
+        self.quant_method = QuantMethod()
+        self.bound = functools.partial(torch.add, torch.full((2,), 7.0))
+        self.kv_cache = torch.zeros(8)  # per-step state: never part of the census
+        self.input_size_per_partition = 4
+        self.params_dtype = torch.float32
+        self.packed = torch.randn(3, 4)
+
+
+def test_walk_reaches_hidden_tensors():
+    model = nn.Sequential(Hidden())
+    names = {e.name: e.kind for e in walk_model(model)}
+    expected = {
+        "0.weight": "parameter", "0.buf": "buffer", "0.copy": "attribute", "0.sneaky": "attribute",
+        "0.listed[0]": "attribute", "0.listed[1][0]": "attribute", "0.keyed['a']": "attribute",
+        "0.quant_method.workspace": "object", "0.quant_method.kernel.scale": "object",
+        "0.quant_method.kernel.strides[0]": "object", "0.bound<partial>.args[0]": "closure",
+        "0.packed": "attribute",
+    }
+    for name, kind in expected.items():
+        assert names.get(name) == kind, (name, names.get(name))
+    assert not any("kv_cache" in n for n in names)
+
+
+def test_excluded_storage_is_left_out():
+    model = nn.Sequential(Hidden())
+    kv = model[0].copy
+    names = {e.name for e in walk_model(model, frozenset({kv.untyped_storage().data_ptr()}))}
+    assert "0.copy" not in names and "0.weight" in names
+
+
+def test_digest_is_exact_and_layout_independent():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert tensor_digest(t.t().contiguous()) == tensor_digest(t.t())
+    bumped = t.clone()
+    bumped[1, 1] = torch.nextafter(bumped[1, 1], torch.tensor(100.0))
+    assert tensor_digest(bumped) != tensor_digest(t)
+
+
+def test_kernel_probe_sees_weights_only_the_kernel_holds():
+    model = nn.Sequential(Hidden())
+    before = {e.name: tensor_digest(e.tensor) for e in probe_linear_kernels(model)}
+    assert list(before) == ["0.<kernel-output>"]
+    again = {e.name: tensor_digest(e.tensor) for e in probe_linear_kernels(model)}
+    assert again == before  # fixed probe input: deterministic
+    with torch.no_grad():
+        model[0].packed.mul_(1.01)  # the weight the kernel reads, not a registered parameter
+    after = {e.name: tensor_digest(e.tensor) for e in probe_linear_kernels(model)}
+    assert after != before

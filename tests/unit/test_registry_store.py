@@ -1,0 +1,64 @@
+import json
+import sys
+
+import pytest
+
+from harness import store
+from harness.plan import ArmPlan, make_plan
+from harness.checkpoints import CheckpointSet
+from harness.records import ArmResult
+from harness.registry import Registry, UnknownName
+from harness.spec import RunSpec
+from tests.records import obs, output, subject, B
+
+
+def test_registry_is_lazy_strict_and_lists_names():
+    reg: Registry = Registry("widget")
+    reg.register("json", "json:dumps")
+    reg.register("nowhere", "harness_no_such_module:thing")
+    assert reg.get("json") is json.dumps
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("json", "json:loads")
+    with pytest.raises(UnknownName, match=r"unknown widget 'nope'. Available: \['json', 'nowhere'\]"):
+        reg.get("nope")
+    assert "harness_no_such_module" not in sys.modules  # never imported until looked up
+    with pytest.raises(ValueError, match="module:attribute"):
+        reg.register("bad", "json.dumps")
+
+
+def test_arm_result_round_trips_through_disk(tmp_path):
+    result = subject(outputs_b=[output(0, (1, 2), float("nan"))])
+    path = store.dump(result, tmp_path / "r.json", "arm_result")
+    back = store.load(ArmResult, path, "arm_result")
+    assert back.observations[1].tensors == result.observations[1].tensors
+    assert back.observation("warm_B").outputs[0].token_ids == (1, 2)
+    lp = back.observation("warm_B").outputs[0].logprobs[0][0][1]
+    assert lp != lp  # NaN survives the round trip
+    assert json.loads(path.read_text())["schema_version"] == store.SCHEMA_VERSION
+
+
+def test_plan_round_trips_and_newer_schema_is_refused(tmp_path):
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
+    plan = make_plan(RunSpec(model="/a"), cs, {})
+    arm = plan.arms[-1]
+    back = store.load(ArmPlan, store.dump(arm, tmp_path / "p.json", "arm_plan"), "arm_plan")
+    assert back == arm
+    payload = json.loads((tmp_path / "p.json").read_text())
+    payload["schema_version"] = store.SCHEMA_VERSION + 1
+    (tmp_path / "p.json").write_text(json.dumps(payload))
+    with pytest.raises(store.SchemaError, match="not readable by this harness"):
+        store.load(ArmPlan, tmp_path / "p.json", "arm_plan")
+    with pytest.raises(store.SchemaError, match="expected a 'arm_result' record"):
+        store.dump(arm, tmp_path / "q.json", "arm_plan")
+        store.load(ArmResult, tmp_path / "q.json", "arm_result")
+
+
+def test_plan_shares_reference_arms_and_skips_unavailable_paths():
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
+    plan = make_plan(RunSpec(model="/a", paths=("p1", "p2", "gpu_only")), cs, {"gpu_only": "needs CUDA"})
+    assert [a.name for a in plan.arms] == ["reference", "noise", "subject-p1", "subject-p2"]
+    assert [a.start for a in plan.arms] == ["B", "B", "A", "A"]
+    assert plan.skipped[0].path == "gpu_only" and "CUDA" in plan.skipped[0].reason
+    labels = [s.argument for s in plan.arms[2].steps if s.action == "observe"]
+    assert labels == ["cold_A", "warm_B", "warm_B_again", "warm_A", "warm_B_control"]
+    assert make_plan(RunSpec(model="/a", paths=("gpu_only",)), cs, {"gpu_only": "x"}).arms == ()

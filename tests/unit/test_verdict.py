@@ -1,0 +1,87 @@
+from harness.compare import compare_path
+from harness.spec import JudgePolicy
+from harness.verdict import VerdictStatus, judge, rebound_fails
+from tests.records import A, B, arm, obs, output, subject, tensor
+
+POLICY = JudgePolicy()
+
+
+def verdict(subj, ref_obs=None, noise_obs=None, fail_on_rebound=False, policy=POLICY):
+    ref = arm("reference", "reference", ref_obs or obs("cold_B", B))
+    noise = arm("noise", "noise", noise_obs or obs("cold_B", B))
+    return judge(compare_path("p", subj, ref, noise, "q_proj.weight", policy.logprob_atol), policy, fail_on_rebound)
+
+
+def test_perfect_refit_passes():
+    v = verdict(subject())
+    assert v.status is VerdictStatus.PASS and v.control_detected
+
+
+def test_stale_tensor_fails_and_is_named_first():
+    v = verdict(subject(warm_b={**B, "norm": A["norm"]}, warm_b_again={**B, "norm": A["norm"]}))
+    assert v.status is VerdictStatus.FAIL
+    assert v.first_divergent_tensor == "norm (STALE, refit)"
+
+
+def test_nan_in_warm_engine_fails():
+    warm = [tensor(n, d, nan_count=1 if n == "w" else 0) for n, d in B.items()]
+    v = verdict(subject(warm_b=warm, warm_b_again=warm))
+    assert v.status is VerdictStatus.FAIL and "CORRUPT" in v.first_divergent_tensor
+
+
+def test_missed_positive_control_is_inconclusive_not_pass():
+    v = verdict(subject(control=B))  # B' observed identical to B: the planted change was not seen
+    assert v.status is VerdictStatus.INCONCLUSIVE
+    assert any("positive control not detected" in r for r in v.reasons)
+
+
+def test_control_invisible_to_tokens_is_inconclusive():
+    v = verdict(subject(outputs_control=[output(0, (1, 2, 3), -1.0)]))
+    assert v.status is VerdictStatus.INCONCLUSIVE
+    assert any("invisible to the token check" in r for r in v.reasons)
+
+
+def test_real_failure_beats_missed_control():
+    v = verdict(subject(warm_b={**B, "w": "garbage"}, control=B))
+    assert v.status is VerdictStatus.FAIL
+
+
+def test_token_divergence_is_judged_against_a_noisy_floor():
+    diverge_at_2 = [output(0, (1, 2, 9))]
+    # The two cold starts themselves diverge at token 1: a divergence at 2 is within noise.
+    noisy = obs("cold_B", B, [output(0, (1, 7, 7))])
+    assert verdict(subject(outputs_b=diverge_at_2), noise_obs=noisy).status is VerdictStatus.PASS
+    # With a quiet floor, the same divergence fails.
+    quiet = verdict(subject(outputs_b=diverge_at_2))
+    assert quiet.status is VerdictStatus.FAIL
+    assert any("diverges at token 2" in r and "noise floor: identical" in r for r in quiet.reasons)
+
+
+def test_logprob_drift_beyond_tolerance_fails():
+    v = verdict(subject(outputs_b=[output(0, (1, 2, 3), -1.01)]))
+    assert v.status is VerdictStatus.FAIL and any("logprobs differ" in r for r in v.reasons)
+
+
+def test_noisy_tensor_is_reported_not_judged():
+    noisy_ref = obs("cold_B", {**B, "w": "other"})
+    v = verdict(subject(warm_b={**B, "w": "third"}, warm_b_again={**B, "w": "third"}), noise_obs=noisy_ref)
+    assert v.status is VerdictStatus.PASS
+    assert any("noise floor: 1 tensor" in r for r in v.reasons)
+
+
+def test_rebound_policy():
+    moved = [tensor(n, d, address=2000) for n, d in B.items()]
+    subj = subject(warm_b=moved, warm_b_again=moved)
+    assert verdict(subj, fail_on_rebound=True).status is VerdictStatus.FAIL
+    warned = verdict(subj, fail_on_rebound=False)
+    assert warned.status is VerdictStatus.PASS and any("REBOUND, not failing" in r for r in warned.reasons)
+    assert rebound_fails(JudgePolicy(rebound="auto"), "compiled", "NVIDIA H100")
+    assert not rebound_fails(JudgePolicy(rebound="auto"), "eager", "NVIDIA H100")
+    assert not rebound_fails(JudgePolicy(rebound="auto"), "compiled", "cpu (x86_64)")
+    assert rebound_fails(JudgePolicy(rebound="fail"), "eager", "cpu")
+
+
+def test_arm_error_is_error_verdict():
+    broken = arm("subject-p", "subject", obs("cold_A", A), path="p", error="engine died")
+    v = verdict(broken)
+    assert v.status is VerdictStatus.ERROR and any("engine died" in r for r in v.reasons)
