@@ -230,17 +230,29 @@ def noise_logprob_floor(reference: ArmResult | None, noise: ArmResult | None) ->
     return {d.prompt: d for d in compare_outputs("noise", n, r)}
 
 
-REQUIRED_LABELS = ("cold_A", "warm_B", "warm_B_again", "warm_A", "warm_B_control")
+def segment_observations(subject: ArmResult, path: str) -> tuple[dict[str, Observation], Observation | None]:
+    """The path's own observations (labels without the ``path/`` prefix), and the
+    observation taken just before its segment began: the value a stale tensor keeps."""
+    prefix = f"{path}/"
+    own: dict[str, Observation] = {}
+    before: Observation | None = None
+    for obs in subject.observations:
+        if obs.label.startswith(prefix):
+            own[obs.label[len(prefix):]] = obs
+        elif not own:
+            before = obs
+    return own, before
 
 
 def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noise: ArmResult | None,
-                 control_tensor: str, logprob_atol: float) -> PathComparison:
-    """All checks for one path, from the three arms' records."""
+                 control_tensor: str, logprob_atol: float, expected: tuple[str, ...]) -> PathComparison:
+    """All checks for one path, from the arms' records. ``expected`` lists the labels the
+    plan said this path's segment would observe (without the ``path/`` prefix)."""
     errors = tuple(f"{a.arm}: {a.error}" for a in (reference, noise, subject) if a is not None and a.status == "error")
     if reference is None or _first_obs(reference) is None:
         errors += ("reference arm (cold B) produced no observation",)
-    obs = {o.label: o for o in subject.observations}
-    missing = tuple(label for label in REQUIRED_LABELS if label not in obs)
+    obs, before = segment_observations(subject, path)
+    missing = tuple(label for label in expected if label not in obs)
     ref = _first_obs(reference)
     noisy = noisy_tensors(reference, noise)
     noise_tokens = noise_logprob_floor(reference, noise)
@@ -249,15 +261,15 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
     if ref is not None and noise is not None and _first_obs(noise) is not None:
         tensors += compare_tensors("noise", _first_obs(noise), ref)
         tokens += noise_tokens.values()
-    cold_a = obs.get("cold_A")
     if ref is not None and "warm_B" in obs:
-        tensors += compare_tensors("refit", obs["warm_B"], ref, witness=cold_a, before=cold_a, noisy=noisy)
+        tensors += compare_tensors("refit", obs["warm_B"], ref, witness=before, before=before, noisy=noisy)
         tokens += compare_outputs("refit", obs["warm_B"], ref)
     if "warm_B" in obs and "warm_B_again" in obs:
         tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"], before=obs["warm_B"])
         tokens += compare_outputs("idempotency", obs["warm_B_again"], obs["warm_B"])
+    cold_a = subject.observation("cold_A")
     if cold_a is not None and "warm_A" in obs:
-        tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B"), before=cold_a)
+        tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"), before=before)
         tokens += compare_outputs("round_trip", obs["warm_A"], cold_a)
     control = None
     if "warm_B_control" in obs and "warm_B" in obs:

@@ -94,8 +94,10 @@ def prepare(spec: RunSpec, out: Path, progress: Progress) -> RunRecord:
         cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control)
     except checkpoints.CheckpointError as exc:
         raise UsageError(str(exc)) from None
-    unavailable = {p: r for p in spec.paths if (r := PATHS.get(p).unavailable_reason())}
-    record = RunRecord(spec=spec, checkpoints=cs, plan=make_plan(spec, cs, unavailable),
+    classes = {p: PATHS.get(p) for p in spec.paths}
+    unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
+    needs = {p: (cls.requirements, cls.refit_targets) for p, cls in classes.items()}
+    record = RunRecord(spec=spec, checkpoints=cs, plan=make_plan(spec, cs, needs, unavailable),
                        git_sha=_git_sha(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     store.dump(record, out / "run.json", "run_record")
     return record
@@ -111,8 +113,9 @@ def execute(spec: RunSpec, out: Path, progress: Progress, resume: bool = False) 
         if resume and _finished(result_file):
             progress(f"[{i}/{len(arms)}] {arm.name}: already finished, kept")
             continue
-        progress(f"[{i}/{len(arms)}] {arm.name}: cold start on {arm.start}"
-                 + (f", then {len(arm.steps)} steps through {arm.path}" if arm.path else "") + f" (log: {log_file})")
+        progress(f"[{i}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.removeprefix('cold_')}"
+                 + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
+                 + f" (log: {log_file})")
         result = run_arm(arm, out)
         progress(f"[{i}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
                  + (f" - {result.error}" if result.error else ""))
@@ -143,12 +146,15 @@ def evaluate(out: Path) -> Evaluation:
         if path in skipped_paths:
             verdicts.append(skipped(path, skipped_paths[path]))
             continue
-        subject = results.get(f"subject-{path}")
+        arm = record.plan.subject_of(path)
+        subject = results.get(arm.name) if arm else None
         if subject is None:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
             continue
+        expected = tuple(s.argument.split("/", 1)[1] for s in arm.steps
+                         if s.action == "observe" and s.argument.startswith(f"{path}/"))
         c = compare_path(path, subject, reference, noise, record.checkpoints.control_tensor,
-                         record.spec.judge.logprob_atol)
+                         record.spec.judge.logprob_atol, expected)
         comparisons.append(c)
         device = dict(subject.environment).get("device", "cpu")
         verdicts.append(judge(c, record.spec.judge, rebound_fails(record.spec.judge, record.spec.engine.mode, device)))

@@ -91,8 +91,8 @@ class ArmResult:
     """Arm name, unique within a run, e.g. ``reference``, ``subject/reload_weights``."""
     role: ArmRole
     """Reference (cold B), noise (a second cold B) or subject (warm A->B through a path)."""
-    path: str | None
-    """Reload path the subject exercises; None for reference and noise arms."""
+    paths: tuple[str, ...]
+    """Reload paths the subject exercises, one segment each; empty for reference and noise arms."""
     status: ArmStatus
     """``ok`` if every step ran; ``error`` otherwise (observations so far are kept)."""
     error: str | None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.records import ArmResult, ModelInfo, Observation, PromptOutput, TensorRecord
 
 QWEN_PACKED = (("gate_up_proj", ("gate_proj", "up_proj")), ("qkv_proj", ("q_proj", "k_proj", "v_proj")))
@@ -23,8 +25,8 @@ def obs(label: str, tensors: dict[str, str] | list[TensorRecord], outputs=None) 
                        model=ModelInfo(architecture="Qwen3ForCausalLM", packed_modules_mapping=QWEN_PACKED, world_size=1))
 
 
-def arm(name: str, role: str, *observations: Observation, path: str | None = None, error: str | None = None) -> ArmResult:
-    return ArmResult(arm=name, role=role, path=path, status="error" if error else "ok", error=error,
+def arm(name: str, role: str, *observations: Observation, paths: tuple[str, ...] = (), error: str | None = None) -> ArmResult:
+    return ArmResult(arm=name, role=role, paths=paths, status="error" if error else "ok", error=error,
                      observations=tuple(observations), seconds=1.0, environment=(("device", "cpu"),))
 
 
@@ -33,9 +35,17 @@ B = {"w": "b-w", "norm": "b-n", "qkv_proj.<kernel-output>": "b-k"}
 CONTROL = {**B, "qkv_proj.<kernel-output>": "b'-k"}
 
 
-def subject(warm_b=B, warm_b_again=None, warm_a=A, control=CONTROL, outputs_b=None, outputs_control=None,
-            drop=()) -> ArmResult:
-    """A subject arm whose observations default to a perfect refit."""
-    steps = [obs("cold_A", A), obs("warm_B", warm_b, outputs_b), obs("warm_B_again", warm_b_again or warm_b, outputs_b),
-             obs("warm_A", warm_a), obs("warm_B_control", control, outputs_control or [output(0, (1, 2, 3), -1.5)])]
-    return arm("subject-p", "subject", *[o for o in steps if o.label not in drop], path="p")
+EXPECTED = ("warm_B", "warm_B_again", "warm_B_control", "warm_A")
+
+
+def segment(path: str, warm_b=B, warm_b_again=None, warm_a=A, control=CONTROL, outputs_b=None, outputs_control=None,
+            drop=()) -> list[Observation]:
+    """One path's observations; they default to a perfect refit."""
+    steps = [obs("warm_B", warm_b, outputs_b), obs("warm_B_again", warm_b_again or warm_b, outputs_b),
+             obs("warm_B_control", control, outputs_control or [output(0, (1, 2, 3), -1.5)]), obs("warm_A", warm_a)]
+    return [dataclasses.replace(o, label=f"{path}/{o.label}") for o in steps if o.label not in drop]
+
+
+def subject(drop=(), **kwargs) -> ArmResult:
+    """A subject arm with one path, ``p``."""
+    return arm("subject-p", "subject", obs("cold_A", A), *segment("p", drop=drop, **kwargs), paths=("p",))

@@ -14,44 +14,13 @@ import traceback
 from pathlib import Path
 
 from harness import store
+from harness.engine.handles import Engine, build_engine
 from harness.plan import ArmPlan
-from harness.records import ArmResult, ModelInfo, Observation, PromptOutput, TensorRecord
-
-WORKER_EXTENSION = "harness.engine.worker_ext.RefitObserver"
+from harness.records import ArmResult, ModelInfo, Observation, TensorRecord
 
 
-def build_llm(arm: ArmPlan, extra: dict):
-    from vllm import LLM
-
-    e = arm.engine
-    return LLM(
-        model=arm.checkpoints.directory(arm.start), skip_tokenizer_init=True, dtype=e.dtype,
-        enforce_eager=e.mode == "eager", kv_cache_memory_bytes=e.kv_cache_memory_bytes,
-        max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs, seed=e.seed,
-        tensor_parallel_size=e.tensor_parallel_size, enable_prefix_caching=e.enable_prefix_caching,
-        worker_extension_cls=WORKER_EXTENSION, **extra,
-    )
-
-
-def generate(llm, arm: ArmPlan) -> tuple[PromptOutput, ...]:
-    from vllm import SamplingParams
-
-    p = arm.prompts
-    params = SamplingParams(temperature=0.0, max_tokens=p.max_tokens, detokenize=False, logprobs=p.logprobs)
-    results = llm.generate([{"prompt_token_ids": list(ids)} for ids in p.token_ids], params, use_tqdm=False)
-    outputs = []
-    for i, result in enumerate(results):
-        completion = result.outputs[0]
-        per_position = tuple(
-            tuple((int(tok), float(lp.logprob)) for tok, lp in sorted(pos.items(), key=lambda kv: kv[1].rank)[: p.logprobs])
-            for pos in (completion.logprobs or [])
-        )
-        outputs.append(PromptOutput(prompt=i, token_ids=tuple(int(t) for t in completion.token_ids), logprobs=per_position))
-    return tuple(outputs)
-
-
-def observe(llm, arm: ArmPlan, label: str) -> Observation:
-    per_rank = llm.collective_rpc("refit_harness_census")
+def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
+    per_rank = engine.rpc("refit_harness_census")
     multi = len(per_rank) > 1
     tensors = tuple(
         TensorRecord(
@@ -68,7 +37,7 @@ def observe(llm, arm: ArmPlan, label: str) -> Observation:
         world_size=len(per_rank),
     )
     # Census before generation, so every arm's census sees the same kind of moment.
-    return Observation(label=label, tensors=tensors, outputs=generate(llm, arm), model=model)
+    return Observation(label=label, tensors=tensors, outputs=engine.generate(arm.prompts), model=model)
 
 
 def environment() -> tuple[tuple[str, str], ...]:
@@ -81,34 +50,31 @@ def environment() -> tuple[tuple[str, str], ...]:
 
 
 def run(arm: ArmPlan, result_path: Path) -> ArmResult:
+    from harness.paths import PATHS
+
     started = time.monotonic()
     observations: list[Observation] = []
     env: tuple[tuple[str, str], ...] = ()
 
     def save(status: str, error: str | None) -> ArmResult:
-        result = ArmResult(arm=arm.name, role=arm.role, path=arm.path, status=status, error=error,
+        result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
                            environment=env)
         store.dump(result, result_path, "arm_result")
         return result
 
-    path = None
-    llm = None
+    paths = {}
+    engine = None
     try:
         env = environment()
-        if arm.path:
-            from harness.paths import PATHS
-
-            path = PATHS.get(arm.path)()
-        llm = build_llm(arm, path.engine_kwargs() if path else {})
-        if path:
-            path.attach(llm)
+        paths = {name: PATHS.get(name)(arm.checkpoints) for name in arm.paths}
+        engine = build_engine(arm, result_path.parent)
         for step in arm.steps:
-            print(f"[{arm.name}] {step.action} {step.argument}", flush=True)
+            print(f"[{arm.name}] {step.action} {step.argument}" + (f" via {step.path}" if step.path else ""), flush=True)
             if step.action == "refit":
-                path.refit(llm, arm.checkpoints.directory(step.argument))
+                paths[step.path].refit(engine, arm.checkpoints.directory(step.argument), step.argument)
             else:
-                observations.append(observe(llm, arm, step.argument))
+                observations.append(observe(engine, arm, step.argument))
                 # Keep what was measured; if the arm dies later, this file says so.
                 save("error", f"arm stopped after observing {step.argument!r}")
         return save("ok", None)
@@ -116,9 +82,10 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         traceback.print_exc()
         return save("error", f"{type(exc).__name__}: {exc}".strip()[:2000])
     finally:
-        if path is not None:
+        for path in paths.values():
             path.close()
-        del llm
+        if engine is not None:
+            engine.close()
 
 
 def main(argv: list[str]) -> int:

@@ -33,8 +33,19 @@ def extra_architectures(value: str | None) -> dict[str, str]:
 def register() -> None:
     from vllm import ModelRegistry
 
+    register_gloo_transfer()
     supported = set(ModelRegistry.get_supported_archs())
     wanted = {**FIXTURE_ARCHITECTURES, **extra_architectures(os.environ.get(EXTRA_MODELS_ENV))}
     for arch, target in wanted.items():
         if arch not in supported:
             ModelRegistry.register_model(arch, target)
+
+
+def register_gloo_transfer() -> None:
+    """The CPU twin of the NCCL weight-transfer backend, in both of vLLM's factories."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    for factory, cls in ((WeightTransferEngineFactory, "GlooWeightTransferEngine"),
+                         (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine")):
+        if "gloo" not in factory._registry:  # the plugin runs once per process, but be idempotent
+            factory.register_engine("gloo", "harness.engine.transfer", cls)

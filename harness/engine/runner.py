@@ -76,7 +76,7 @@ def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: f
     observations = recorded.observations if recorded else ()
     if recorded and recorded.error:
         message = f"{message}; {recorded.error}"
-    return ArmResult(arm=arm.name, role=arm.role, path=arm.path, status="error", error=message,
+    return ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status="error", error=message,
                      observations=observations, seconds=seconds,
                      environment=recorded.environment if recorded else ())
 

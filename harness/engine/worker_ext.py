@@ -11,6 +11,18 @@ from harness.observe import probe_linear_kernels, tensor_digest, tensor_stats, w
 class RefitObserver:
     """Observation entry points that run inside each vLLM worker."""
 
+    def refit_harness_ping(self) -> int:
+        return int(getattr(self, "rank", 0))
+
+    def refit_harness_reload_from_iterator(self, checkpoint_dir: str) -> None:
+        """reload_weights fed from memory, the way a colocated trainer hands over tensors."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        tensors = [item for f in sorted(Path(checkpoint_dir).glob("*.safetensors")) for item in load_file(str(f)).items()]
+        self.reload_weights(weights_iterator=iter(tensors))
+
     def refit_harness_census(self) -> dict[str, Any]:
         model = self.model_runner.get_model()
         records = []

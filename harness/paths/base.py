@@ -1,19 +1,50 @@
-"""What a reload path is: how it configures the engine and how it refits it.
+"""What a reload path is: the engine it needs and how it refits that engine.
 
-Classes here are imported by the planner (for availability and descriptions) and by
-the arm process (to refit). vLLM is imported only inside methods that run in arms.
+Path classes are imported by the planner (for requirements, availability and
+descriptions) and by the arm process (to refit). vLLM is imported only inside methods
+that run in arms.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from harness.spec import Mode
+
+if TYPE_CHECKING:
+    from harness.checkpoints import CheckpointSet
+    from harness.engine.handles import Engine
+
+EngineKind = Literal["llm", "ray_llm", "http"]
+RefitTarget = Literal["A", "B", "B_control"]
 
 
 def cuda_available() -> bool:
     """Planner-side test for CUDA, without importing torch or vLLM."""
     return os.environ.get("HARNESS_DEVICE") == "gpu" or shutil.which("nvidia-smi") is not None
+
+
+@dataclass(frozen=True)
+class EngineRequirements:
+    """How the subject engine of a path must be built. Paths with equal requirements
+    share one engine, one segment after another, so cold starts do not grow with paths."""
+
+    kind: EngineKind = "llm"
+    """``llm``: ``vllm.LLM`` in the arm process; ``ray_llm``: ``LLM`` inside a Ray actor (as
+    RL frameworks run it, so a Ray trainer can drive it); ``http``: a real ``vllm serve``."""
+    load_format: str = "auto"
+    """``LLM(load_format=...)`` for the cold start (``dummy`` starts from random weights)."""
+    enable_prefix_caching: bool | None = None
+    """Override the run's prefix-caching setting."""
+    weight_transfer_backend: str | None = None
+    """Build the engine with ``WeightTransferConfig(backend=...)``."""
+    mode: Mode | None = None
+    """Override the run's eager/compiled mode."""
+    enable_sleep_mode: bool = False
+    """Build the engine with ``enable_sleep_mode=True``."""
 
 
 class ReloadPath:
@@ -25,22 +56,29 @@ class ReloadPath:
     """One line: which vLLM code path a refit through this path runs."""
     device: ClassVar[Literal["any", "cuda"]] = "any"
     """Where it can run."""
+    requirements: ClassVar[EngineRequirements] = EngineRequirements()
+    """The subject engine this path needs."""
+    refit_targets: ClassVar[tuple[RefitTarget, ...]] = ("B", "B", "B_control", "A")
+    """Refits of one segment, in order: B (warm_B), B again (idempotency), B' (positive
+    control), back to A (round trip; it also leaves the engine at A for the next path)."""
+    cpu_skip_reason: ClassVar[str | None] = None
+    """Why the path cannot be judged on a CPU-only machine, when that is not just CUDA."""
+
+    def __init__(self, checkpoints: CheckpointSet) -> None:
+        self.checkpoints = checkpoints
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if cls.device == "cuda" and not cuda_available():
+        if cuda_available():
+            return None
+        if cls.cpu_skip_reason:
+            return cls.cpu_skip_reason
+        if cls.device == "cuda":
             return f"{cls.name} needs CUDA; no GPU on this machine (set HARNESS_DEVICE=gpu on a GPU host)"
         return None
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        """Extra ``LLM(...)`` arguments this path needs."""
-        return {}
-
-    def attach(self, llm: Any) -> None:
-        """Called once after the engine starts, before any step."""
-
-    def refit(self, llm: Any, checkpoint_dir: str) -> None:
+    def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release whatever ``attach`` set up; called even when a step failed."""
+        """Release what earlier refits set up; called even when a step failed."""

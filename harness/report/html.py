@@ -115,10 +115,10 @@ def _tokens(tokens: pd.DataFrame) -> str:
 
 
 def _arms(summary: dict[str, Any]) -> str:
-    rows = [[escape(a["arm"]), escape(a["role"]), escape(a["path"] or "—"), _badge("OK" if a["status"] == "ok" else "ERROR"),
+    rows = [[escape(a["arm"]), escape(a["role"]), escape(", ".join(a["paths"]) or "—"), _badge("OK" if a["status"] == "ok" else "ERROR"),
              f"{a['seconds']:.0f} s", escape(", ".join(a["observations"])), escape(a["error"] or "")]
             for a in summary["arms"]]
-    return "<section id='arms'><h2>Arms</h2>" + _table(["arm", "role", "path", "status", "time", "observed", "error"], rows) + "</section>"
+    return "<section id='arms'><h2>Arms</h2>" + _table(["arm", "role", "paths", "status", "time", "observed", "error"], rows) + "</section>"
 
 
 def _environment(summary: dict[str, Any]) -> str:

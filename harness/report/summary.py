@@ -38,7 +38,7 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         "exit_code": ev.exit_code,
         "paths": paths,
         "noise_floor": {"differing_tensors": noise_tensors, "tokens": noise_tokens},
-        "arms": [{"arm": a.arm, "role": a.role, "path": a.path, "status": a.status, "error": a.error,
+        "arms": [{"arm": a.arm, "role": a.role, "paths": list(a.paths), "status": a.status, "error": a.error,
                   "seconds": a.seconds, "observations": [o.label for o in a.observations]} for a in ev.arms],
         "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
                         "B_control": ev.record.checkpoints.b_control,

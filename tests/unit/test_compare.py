@@ -2,7 +2,7 @@ import math
 
 from harness.compare import (TensorStatus, compare_control, compare_outputs, compare_path, compare_tensors,
                              control_targets)
-from tests.records import A, B, QWEN_PACKED, arm, obs, output, subject, tensor
+from tests.records import A, B, EXPECTED, QWEN_PACKED, arm, obs, output, segment, subject, tensor
 
 
 def statuses(diffs):
@@ -79,7 +79,7 @@ def test_control_detected_only_at_its_target():
 def test_compare_path_runs_every_check():
     ref = arm("reference", "reference", obs("cold_B", B))
     noise = arm("noise", "noise", obs("cold_B", B))
-    c = compare_path("p", subject(), ref, noise, "q_proj.weight", 1e-4)
+    c = compare_path("p", subject(), ref, noise, "q_proj.weight", 1e-4, EXPECTED)
     assert {d.check for d in c.tensors} == {"noise", "refit", "idempotency", "round_trip"}
     assert not c.errors and not c.missing_observations
     assert all(d.status is TensorStatus.OK for d in c.tensors)
@@ -88,9 +88,25 @@ def test_compare_path_runs_every_check():
 
 def test_compare_path_reports_missing_observations_and_errors():
     ref = arm("reference", "reference", obs("cold_B", B))
-    c = compare_path("p", subject(drop=("warm_A", "warm_B_control")), ref, None, "q_proj.weight", 1e-4)
-    assert c.missing_observations == ("warm_A", "warm_B_control")
+    c = compare_path("p", subject(drop=("warm_A", "warm_B_control")), ref, None, "q_proj.weight", 1e-4, EXPECTED)
+    assert c.missing_observations == ("warm_B_control", "warm_A")
     assert c.control is None
     dead = arm("reference", "reference", error="boom")
-    c2 = compare_path("p", subject(), dead, None, "q_proj.weight", 1e-4)
+    c2 = compare_path("p", subject(), dead, None, "q_proj.weight", 1e-4, EXPECTED)
     assert any("boom" in e for e in c2.errors)
+
+
+def test_shared_engine_segments_use_the_state_before_each_segment_as_witness():
+    # Path p1 leaves "norm" stale at A's value; path p2 then refits correctly except for
+    # "norm", which still holds the value it had before p2's segment began.
+    p1 = segment("p1", warm_b={**B, "norm": A["norm"]}, warm_b_again={**B, "norm": A["norm"]})
+    p2 = segment("p2", warm_b={**B, "norm": "left-by-p1"}, warm_b_again={**B, "norm": "left-by-p1"})
+    p1[-1] = obs("p1/warm_A", {**A, "norm": "left-by-p1"})
+    shared = arm("subject-p1+p2", "subject", obs("cold_A", A), *p1, *p2, paths=("p1", "p2"))
+    ref = arm("reference", "reference", obs("cold_B", B))
+    c1 = compare_path("p1", shared, ref, None, "q_proj.weight", 1e-4, EXPECTED)
+    c2 = compare_path("p2", shared, ref, None, "q_proj.weight", 1e-4, EXPECTED)
+    refit = lambda c: {d.tensor: d.status for d in c.tensors if d.check == "refit"}  # noqa: E731
+    assert refit(c1)["norm"] is TensorStatus.STALE
+    assert refit(c2)["norm"] is TensorStatus.STALE  # equal to p1/warm_A, the state p2 started from
+    assert {d.tensor for d in c1.tensors if d.check == "round_trip" and d.status is not TensorStatus.OK} == {"norm"}

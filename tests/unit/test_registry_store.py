@@ -8,7 +8,10 @@ from harness.plan import ArmPlan, make_plan
 from harness.checkpoints import CheckpointSet
 from harness.records import ArmResult
 from harness.registry import Registry, UnknownName
+from harness.paths.base import EngineRequirements
 from harness.spec import RunSpec
+
+NEEDS = (EngineRequirements(), ("B", "B", "B_control", "A"))
 from tests.records import obs, output, subject, B
 
 
@@ -31,15 +34,15 @@ def test_arm_result_round_trips_through_disk(tmp_path):
     path = store.dump(result, tmp_path / "r.json", "arm_result")
     back = store.load(ArmResult, path, "arm_result")
     assert back.observations[1].tensors == result.observations[1].tensors
-    assert back.observation("warm_B").outputs[0].token_ids == (1, 2)
-    lp = back.observation("warm_B").outputs[0].logprobs[0][0][1]
+    assert back.observation("p/warm_B").outputs[0].token_ids == (1, 2)
+    lp = back.observation("p/warm_B").outputs[0].logprobs[0][0][1]
     assert lp != lp  # NaN survives the round trip
     assert json.loads(path.read_text())["schema_version"] == store.SCHEMA_VERSION
 
 
 def test_plan_round_trips_and_newer_schema_is_refused(tmp_path):
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
-    plan = make_plan(RunSpec(model="/a"), cs, {})
+    plan = make_plan(RunSpec(model="/a"), cs, {"reload_weights": NEEDS}, {})
     arm = plan.arms[-1]
     back = store.load(ArmPlan, store.dump(arm, tmp_path / "p.json", "arm_plan"), "arm_plan")
     assert back == arm
@@ -53,12 +56,18 @@ def test_plan_round_trips_and_newer_schema_is_refused(tmp_path):
         store.load(ArmResult, tmp_path / "q.json", "arm_result")
 
 
-def test_plan_shares_reference_arms_and_skips_unavailable_paths():
+def test_plan_shares_engines_between_paths_with_equal_requirements():
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
-    plan = make_plan(RunSpec(model="/a", paths=("p1", "p2", "gpu_only")), cs, {"gpu_only": "needs CUDA"})
-    assert [a.name for a in plan.arms] == ["reference", "noise", "subject-p1", "subject-p2"]
+    dummy = (EngineRequirements(load_format="dummy"), ("B", "B_control"))
+    needs = {"p1": NEEDS, "p2": NEEDS, "d": dummy, "gpu_only": NEEDS}
+    plan = make_plan(RunSpec(model="/a", paths=("p1", "d", "p2", "gpu_only")), cs, needs, {"gpu_only": "needs CUDA"})
+    assert [a.name for a in plan.arms] == ["reference", "noise", "subject-p1+p2", "subject-d"]
     assert [a.start for a in plan.arms] == ["B", "B", "A", "A"]
     assert plan.skipped[0].path == "gpu_only" and "CUDA" in plan.skipped[0].reason
     labels = [s.argument for s in plan.arms[2].steps if s.action == "observe"]
-    assert labels == ["cold_A", "warm_B", "warm_B_again", "warm_A", "warm_B_control"]
-    assert make_plan(RunSpec(model="/a", paths=("gpu_only",)), cs, {"gpu_only": "x"}).arms == ()
+    assert labels == ["cold_A"] + [f"{p}/{x}" for p in ("p1", "p2")
+                                   for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")]
+    assert [s.argument for s in plan.arms[3].steps if s.action == "observe"] == [
+        "cold_dummy", "d/warm_B", "d/warm_B_control"]
+    assert plan.subject_of("p2").name == "subject-p1+p2" and plan.subject_of("gpu_only") is None
+    assert make_plan(RunSpec(model="/a", paths=("gpu_only",)), cs, needs, {"gpu_only": "x"}).arms == ()

@@ -1,7 +1,7 @@
 from harness.compare import compare_path
 from harness.spec import JudgePolicy
 from harness.verdict import VerdictStatus, judge, rebound_fails
-from tests.records import A, B, arm, obs, output, subject, tensor
+from tests.records import A, B, EXPECTED, arm, obs, output, subject, tensor
 
 POLICY = JudgePolicy()
 
@@ -9,7 +9,7 @@ POLICY = JudgePolicy()
 def verdict(subj, ref_obs=None, noise_obs=None, fail_on_rebound=False, policy=POLICY):
     ref = arm("reference", "reference", ref_obs or obs("cold_B", B))
     noise = arm("noise", "noise", noise_obs or obs("cold_B", B))
-    return judge(compare_path("p", subj, ref, noise, "q_proj.weight", policy.logprob_atol), policy, fail_on_rebound)
+    return judge(compare_path("p", subj, ref, noise, "q_proj.weight", policy.logprob_atol, EXPECTED), policy, fail_on_rebound)
 
 
 def test_perfect_refit_passes():
@@ -82,6 +82,6 @@ def test_rebound_policy():
 
 
 def test_arm_error_is_error_verdict():
-    broken = arm("subject-p", "subject", obs("cold_A", A), path="p", error="engine died")
+    broken = arm("subject-p", "subject", obs("cold_A", A), paths=("p",), error="engine died")
     v = verdict(broken)
     assert v.status is VerdictStatus.ERROR and any("engine died" in r for r in v.reasons)
