@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from harness.records import ArmResult, Observation, TensorRecord
+from harness.records import ArmResult, ConsumedTensor, Observation, TensorRecord
 
 Check = Literal["refit", "idempotency", "round_trip", "noise"]
 
@@ -80,10 +80,45 @@ class ControlOutcome:
     """Largest |logprob difference| between warm B' and warm B outputs."""
     tokens_moved: bool
     """Outputs moved beyond tolerance + noise: the token check can see a 1-tensor change."""
+    first_kernel_input: str | None = None
+    """First recorded kernel input that differs between warm B' and warm B (None when the
+    scaled weight lives only inside an opaque kernel handle, as oneDNN's on CPU)."""
 
     @property
     def detected(self) -> bool:
         return bool(self.localized)
+
+
+@dataclass(frozen=True)
+class ConsumedDiff:
+    """One kernel input of the recorded forward, warm vs cold B."""
+
+    op_index: int
+    """Position of the op in the subject's recorded forward (reference's if missing there)."""
+    op: str
+    """Op name."""
+    arg: int
+    """Argument position."""
+    module: str
+    """Module whose forward ran the op."""
+    tensor: str
+    """Census name or ``unregistered@...``."""
+    status: TensorStatus
+    """OK, STALE, CORRUPT, REBOUND, MISSING, EXTRA or NOISY, as for census tensors."""
+
+
+@dataclass(frozen=True)
+class HookRun:
+    """Whether one post-load hook ran during a path's refit, and what it left stale."""
+
+    module: str
+    """Module path (``<model>`` for the model)."""
+    kind: str
+    """quant_method, module or model."""
+    runs: int
+    """Calls during the path's first refit to B."""
+    stale_derived: tuple[str, ...]
+    """Non-parameter tensors under this module that the refit left STALE."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +137,10 @@ class PathComparison:
     """Arm errors that affect this path."""
     missing_observations: tuple[str, ...]
     """Labels that should have been observed and were not."""
+    consumed: tuple[ConsumedDiff, ...] = ()
+    """Kernel inputs of the recorded forward after refit to B, in op order."""
+    hooks: tuple[HookRun, ...] = ()
+    """Post-load hooks and whether this path's refit ran them."""
 
 
 def _by_name(obs: Observation) -> dict[str, TensorRecord]:
@@ -192,9 +231,11 @@ def control_targets(checkpoint_tensor: str, packed_modules_mapping: tuple[tuple[
 
 
 def compare_control(checkpoint_tensor: str, control: Observation, baseline: Observation,
-                    logprob_floor: float) -> ControlOutcome:
+                    logprob_floor: float, noise: Observation | None = None,
+                    reference: Observation | None = None) -> ControlOutcome:
     """``control`` is warm B', ``baseline`` warm B in the same engine: only the planted
-    difference separates them."""
+    difference separates them. Kernel inputs that differ between the two cold references
+    (``noise`` vs ``reference``) carry no information and are skipped."""
     diffs = compare_tensors("refit", control, baseline)
     changed = tuple(d.tensor for d in diffs if d.status is not TensorStatus.OK and d.status is not TensorStatus.REBOUND)
     targets = control_targets(checkpoint_tensor, control.model.packed_modules_mapping)
@@ -202,8 +243,13 @@ def compare_control(checkpoint_tensor: str, control: Observation, baseline: Obse
     token_diffs = compare_outputs("refit", control, baseline)
     shift = max((d.max_logprob_diff for d in token_diffs), default=0.0)
     moved = any(d.first_divergence is not None for d in token_diffs) or shift > logprob_floor
+    noisy = {k for k, d in _consumed_by_key(noise).items()
+             if (r := _consumed_by_key(reference).get(k)) is not None and r.digest != d.digest}
+    base = _consumed_by_key(baseline)
+    first = next((c.name for k, c in _consumed_by_key(control).items()
+                  if k not in noisy and k in base and base[k].digest != c.digest), None)
     return ControlOutcome(checkpoint_tensor=checkpoint_tensor, expected_modules=targets, changed=changed,
-                          localized=localized, max_logprob_shift=shift, tokens_moved=moved)
+                          localized=localized, max_logprob_shift=shift, tokens_moved=moved, first_kernel_input=first)
 
 
 def _belongs(tensor_name: str, module: str) -> bool:
@@ -228,6 +274,59 @@ def noise_logprob_floor(reference: ArmResult | None, noise: ArmResult | None) ->
     if r is None or n is None:
         return {}
     return {d.prompt: d for d in compare_outputs("noise", n, r)}
+
+
+ConsumedKey = tuple[str, str, int, int]
+
+
+def _consumed_by_key(obs: Observation | None) -> dict[ConsumedKey, ConsumedTensor]:
+    """Align recorded forwards by (module, op, arg, occurrence), robust to ops added elsewhere."""
+    out: dict[ConsumedKey, ConsumedTensor] = {}
+    counts: dict[tuple[str, str, int], int] = {}
+    for c in obs.consumed if obs else ():
+        base = (c.module, c.op, c.arg)
+        counts[base] = counts.get(base, 0) + 1
+        out[base + (counts[base],)] = c
+    return out
+
+
+def compare_consumed(subject: Observation, reference: Observation, witness: Observation | None,
+                     before: Observation | None, noise: Observation | None) -> tuple[ConsumedDiff, ...]:
+    """Every kernel input of the subject's recorded forward against the reference's."""
+    subj, ref = _consumed_by_key(subject), _consumed_by_key(reference)
+    wit, prev, noisy = _consumed_by_key(witness), _consumed_by_key(before), _consumed_by_key(noise)
+    diffs = []
+    for key in list(subj) + [k for k in ref if k not in subj]:
+        s, r, w, p, n = subj.get(key), ref.get(key), wit.get(key), prev.get(key), noisy.get(key)
+        if s is None:
+            status = TensorStatus.MISSING
+        elif r is None:
+            status = TensorStatus.EXTRA
+        elif n is not None and n.digest != r.digest:
+            status = TensorStatus.NOISY
+        elif s.digest == r.digest:
+            moved = p is not None and p.address != s.address and p.name == s.name
+            status = TensorStatus.REBOUND if moved else TensorStatus.OK
+        elif w is not None and s.digest == w.digest:
+            status = TensorStatus.STALE
+        else:
+            status = TensorStatus.CORRUPT
+        c = s or r
+        diffs.append(ConsumedDiff(op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=c.name, status=status))
+    return tuple(sorted(diffs, key=lambda d: d.op_index))
+
+
+def hook_runs(before: Observation | None, after: Observation, refit: tuple[TensorDiff, ...]) -> tuple[HookRun, ...]:
+    """Which post-load hooks ran between two observations of one engine, and which
+    derived (non-parameter) tensors under each hooked module the refit left STALE."""
+    earlier = {(h.module, h.kind): h.calls for h in before.hooks} if before else {}
+    stale = [d.tensor for d in refit if d.status is TensorStatus.STALE and d.kind not in ("parameter", "buffer")]
+    runs = []
+    for h in after.hooks:
+        prefix = "" if h.module == "<model>" else h.module + "."
+        runs.append(HookRun(module=h.module, kind=h.kind, runs=h.calls - earlier.get((h.module, h.kind), 0),
+                            stale_derived=tuple(t for t in stale if t.startswith(prefix))))
+    return tuple(runs)
 
 
 def segment_observations(subject: ArmResult, path: str) -> tuple[dict[str, Observation], Observation | None]:
@@ -271,9 +370,15 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
     if cold_a is not None and "warm_A" in obs:
         tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"), before=before)
         tokens += compare_outputs("round_trip", obs["warm_A"], cold_a)
+    consumed: tuple[ConsumedDiff, ...] = ()
+    hooks: tuple[HookRun, ...] = ()
+    if ref is not None and "warm_B" in obs:
+        consumed = compare_consumed(obs["warm_B"], ref, witness=before, before=before, noise=_first_obs(noise))
+        hooks = hook_runs(before, obs["warm_B"], tuple(d for d in tensors if d.check == "refit"))
     control = None
     if "warm_B_control" in obs and "warm_B" in obs:
         floor = logprob_atol + max((d.max_logprob_diff for d in noise_tokens.values()), default=0.0)
-        control = compare_control(control_tensor, obs["warm_B_control"], obs["warm_B"], floor)
+        control = compare_control(control_tensor, obs["warm_B_control"], obs["warm_B"], floor,
+                                  noise=_first_obs(noise), reference=ref)
     return PathComparison(path=path, tensors=tuple(tensors), tokens=tuple(tokens), control=control,
-                          errors=errors, missing_observations=missing)
+                          errors=errors, missing_observations=missing, consumed=consumed, hooks=hooks)

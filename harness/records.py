@@ -56,6 +56,42 @@ class PromptOutput:
 
 
 @dataclass(frozen=True)
+class ConsumedTensor:
+    """A tensor that existed before a forward and that an op read during it."""
+
+    name: str
+    """Census name, or ``unregistered@<module>:<op>#<arg>`` when nothing registers it."""
+    op_index: int
+    """Position of the op in the forward's op sequence."""
+    op: str
+    """Op name, e.g. ``aten.mul.Tensor`` or a custom op."""
+    arg: int
+    """Position of the tensor among the op's flattened arguments."""
+    module: str
+    """Module whose forward was running when the op ran."""
+    dtype: str
+    """torch dtype name."""
+    shape: tuple[int, ...]
+    """Tensor shape."""
+    address: int
+    """``data_ptr()`` when read."""
+    digest: str
+    """blake2b-128 of the bytes read."""
+
+
+@dataclass(frozen=True)
+class HookRecord:
+    """A post-load hook found on the live model, with how often it has run."""
+
+    module: str
+    """Module path (``<model>`` for the model itself)."""
+    kind: Literal["quant_method", "module", "model"]
+    """``quant_method.process_weights_after_loading``, a module's own hook (attention), or the model-level hook."""
+    calls: int
+    """Calls since the harness started watching (after the cold start's hooks had run)."""
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """Facts about the loaded model needed to interpret tensor names."""
 
@@ -81,6 +117,10 @@ class Observation:
     """Greedy outputs for the fixed prompts, taken after the census."""
     model: ModelInfo
     """Facts about the model at this point."""
+    consumed: tuple[ConsumedTensor, ...] = ()
+    """Persistent tensors the kernels read during one recorded forward, in op order."""
+    hooks: tuple[HookRecord, ...] = ()
+    """Post-load hooks on the model and their call counts so far."""
 
 
 @dataclass(frozen=True)

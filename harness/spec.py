@@ -66,9 +66,10 @@ class PerturbSpec:
 class ControlSpec:
     """The positive control: B' is B with one checkpoint tensor scaled."""
 
-    tensor: str = "model.layers.0.self_attn.q_proj.weight"
-    """Checkpoint name of the tensor to scale (by default one that vLLM packs into
-    ``qkv_proj``, so localization through packed modules is exercised)."""
+    tensor: str = "model.layers.0.post_attention_layernorm.weight"
+    """Checkpoint name of the tensor to scale. The default is read by a kernel as a
+    tensor on every backend, so it shows up as a kernel input; a linear weight (e.g.
+    ``...q_proj.weight``, packed into ``qkv_proj``) is seen through the kernel probes."""
     scale: float = 1.01
     """Factor applied to that tensor."""
 

@@ -29,6 +29,8 @@ class Verdict:
     """Why, most important first; empty only for a clean PASS."""
     first_divergent_tensor: str | None = None
     """First tensor (model order) that is not OK after the refit, with its status."""
+    first_divergent_kernel_input: str | None = None
+    """First op of the recorded forward whose persistent input is not OK after the refit."""
     control_detected: bool | None = None
     """Whether the positive control was seen at its target (None if never run)."""
 
@@ -49,17 +51,32 @@ def rebound_fails(policy: JudgePolicy, mode: Mode, device: str) -> bool:
 
 
 def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool) -> Verdict:
-    failing = FAILING + ((TensorStatus.REBOUND,) if fail_on_rebound else ())
+    # A moved address matters only for what a kernel reads; when the forward was recorded,
+    # REBOUND counts only for consumed tensors (vLLM rebuilds some CPU-side scalars no op reads).
+    consumed = {d.tensor for d in c.consumed}
+
+    def fails(d: TensorDiff) -> bool:
+        if d.status is TensorStatus.REBOUND:
+            return fail_on_rebound and (not consumed or d.tensor in consumed)
+        return d.status in FAILING
+
     judged = [d for d in c.tensors if d.check in JUDGED_CHECKS]
-    bad = [d for d in judged if d.status in failing]
+    bad = [d for d in judged if fails(d)]
+    kernel_bad = [d for d in c.consumed if d.status in FAILING
+                  or (d.status is TensorStatus.REBOUND and fail_on_rebound)]
     reasons = [_tensor_reason(check, [d for d in bad if d.check == check]) for check in JUDGED_CHECKS]
     reasons = [r for r in reasons if r]
     token_reasons = _token_reasons(c.tokens, policy)
     reasons += token_reasons
-    rebound = sorted({d.tensor for d in judged if d.status is TensorStatus.REBOUND})
-    if rebound and not fail_on_rebound:
-        reasons.append(f"{len(rebound)} tensor(s) REBOUND, not failing: no captured graph reads old addresses in "
-                       f"this mode (first: {rebound[0]})")
+    first_kernel = (f"op #{kernel_bad[0].op_index} {kernel_bad[0].op} (arg {kernel_bad[0].arg}) in "
+                    f"{kernel_bad[0].module} reads {kernel_bad[0].tensor} ({kernel_bad[0].status.value})"
+                    if kernel_bad else None)
+    if first_kernel:
+        reasons.insert(0, f"first divergent kernel input: {first_kernel}; {len(kernel_bad)} differing kernel input(s)")
+    rebound = sorted({d.tensor for d in judged if d.status is TensorStatus.REBOUND and not fails(d)})
+    if rebound:
+        why = "no kernel reads them" if fail_on_rebound else "no captured graph reads old addresses in this mode"
+        reasons.append(f"{len(rebound)} tensor(s) REBOUND, not failing: {why} (first: {rebound[0]})")
     noisy = sorted({d.tensor for d in c.tensors if d.check == "noise" and d.status is not TensorStatus.OK})
     # Name a wrong value before a moved address, and the refit check before the others.
     ranked = sorted(bad, key=lambda d: (d.status is TensorStatus.REBOUND, JUDGED_CHECKS.index(d.check)))
@@ -71,17 +88,16 @@ def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool) -> Verd
         reasons.append(f"noise floor: {len(noisy)} tensor(s) differ between two cold starts on B and were not "
                        f"judged (first: {noisy[0]})")
 
+    detected = control.detected if control else None
     if c.errors or c.missing_observations:
         why = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
-        return Verdict(c.path, VerdictStatus.ERROR, tuple(why + reasons), first,
-                       control.detected if control else None)
-    if bad or token_reasons:
-        return Verdict(c.path, VerdictStatus.FAIL, tuple(reasons + control_reasons), first,
-                       control.detected if control else None)
+        return Verdict(c.path, VerdictStatus.ERROR, tuple(why + reasons), first, first_kernel, detected)
+    if bad or kernel_bad or token_reasons:
+        return Verdict(c.path, VerdictStatus.FAIL, tuple(reasons + control_reasons), first, first_kernel, detected)
     if control_reasons:
-        return Verdict(c.path, VerdictStatus.INCONCLUSIVE, tuple(control_reasons + reasons), first,
-                       control.detected if control else None)
-    return Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, True)
+        return Verdict(c.path, VerdictStatus.INCONCLUSIVE, tuple(control_reasons + reasons), first, first_kernel,
+                       detected)
+    return Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True)
 
 
 def _tensor_reason(check: str, diffs: list[TensorDiff]) -> str | None:

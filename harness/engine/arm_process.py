@@ -16,7 +16,8 @@ from pathlib import Path
 from harness import store
 from harness.engine.handles import Engine, build_engine
 from harness.plan import ArmPlan
-from harness.records import ArmResult, ModelInfo, Observation, TensorRecord
+from harness.records import ArmResult, ConsumedTensor, HookRecord, ModelInfo, Observation, TensorRecord
+from harness.spec import PromptSpec
 
 
 def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
@@ -36,8 +37,25 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
         packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(first["packed_modules_mapping"].items())),
         world_size=len(per_rank),
     )
-    # Census before generation, so every arm's census sees the same kind of moment.
-    return Observation(label=label, tensors=tensors, outputs=engine.generate(arm.prompts), model=model)
+    hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"]) for h in first["hooks"])
+    # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
+    return Observation(label=label, tensors=tensors, consumed=record_consumed(engine, arm.prompts), hooks=hooks,
+                       outputs=engine.generate(arm.prompts), model=model)
+
+
+def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[ConsumedTensor, ...]:
+    """One prefill of the first prompt with the dispatch recorder on, in every worker."""
+    engine.rpc("refit_harness_recorder_start")
+    try:
+        engine.generate(PromptSpec(token_ids=prompts.token_ids[:1], max_tokens=1, logprobs=1))
+    finally:
+        per_rank = engine.rpc("refit_harness_recorder_stop")
+    multi = len(per_rank) > 1
+    return tuple(
+        ConsumedTensor(name=f"rank{r['rank']}:{c['name']}" if multi else c["name"], op_index=c["op_index"],
+                       op=c["op"], arg=c["arg"], module=c["module"], dtype=c["dtype"], shape=tuple(c["shape"]),
+                       address=c["address"], digest=c["digest"])
+        for r in per_rank for c in r["consumed"])
 
 
 def environment() -> tuple[tuple[str, str], ...]:

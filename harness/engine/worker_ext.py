@@ -3,9 +3,11 @@ name through ``collective_rpc`` and answer once per rank, under any executor."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from harness.observe import probe_linear_kernels, tensor_digest, tensor_stats, walk_model
+from harness.recorder import ConsumptionRecorder, name_consumed
 
 
 class RefitObserver:
@@ -25,6 +27,7 @@ class RefitObserver:
 
     def refit_harness_census(self) -> dict[str, Any]:
         model = self.model_runner.get_model()
+        self._refit_harness_watch_hooks(model)
         records = []
         for entry in walk_model(model, self._refit_harness_kv_storages()) + probe_linear_kernels(model):
             t = entry.tensor
@@ -41,7 +44,68 @@ class RefitObserver:
             "tensors": records,
             "architecture": type(model).__name__,
             "packed_modules_mapping": {k: list(v) for k, v in dict(packed).items()},
+            "hooks": [{"module": m, "kind": k, "calls": n} for (m, k), n in sorted(self._refit_harness_hook_calls.items())],
         }
+
+    # ---- kernel-input recorder -------------------------------------------------------
+
+    def refit_harness_recorder_start(self) -> None:
+        """Record the persistent inputs of every op until ``refit_harness_recorder_stop``."""
+        model = self.model_runner.get_model()
+        recorder = ConsumptionRecorder(model, self._refit_harness_kv_storages())
+        recorder.__enter__()  # stays active on this thread across the next engine step
+        self._refit_harness_recorder = recorder
+
+    def refit_harness_recorder_stop(self) -> dict[str, Any]:
+        recorder = self._refit_harness_recorder
+        recorder.__exit__(None, None, None)
+        recorder.close()
+        self._refit_harness_recorder = None
+        model = self.model_runner.get_model()
+        by_address: dict[int, str] = {}
+        by_storage: dict[int, str] = {}
+        for entry in walk_model(model, self._refit_harness_kv_storages()):
+            t = entry.tensor
+            if t.device.type != "meta" and t.numel():
+                by_address.setdefault(t.data_ptr(), entry.name)
+                by_storage.setdefault(t.untyped_storage().data_ptr(), entry.name)
+        return {"rank": int(getattr(self, "rank", 0)), "consumed": [
+            {"name": name, "op_index": r.op_index, "op": r.op, "arg": r.arg, "module": r.module, "dtype": r.dtype,
+             "shape": list(r.shape), "address": r.address, "digest": r.digest}
+            for name, r in name_consumed(recorder.records, by_address, by_storage)]}
+
+    # ---- post-load hook census ------------------------------------------------------
+
+    def _refit_harness_watch_hooks(self, model) -> None:
+        """Wrap every post-load hook once, so each later refit shows which ones ran."""
+        if hasattr(self, "_refit_harness_hook_calls"):
+            return
+        calls: dict[tuple[str, str], int] = {}
+        self._refit_harness_hook_calls = calls
+        names = {id(m): n for n, m in model.named_modules()}
+
+        def counting(fn, key_of):
+            @functools.wraps(fn)
+            def wrapper(*args, **kwargs):
+                key = key_of(*args)
+                calls[key] = calls.get(key, 0) + 1
+                return fn(*args, **kwargs)
+            return wrapper
+
+        for name, module in model.named_modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None and callable(getattr(method, "process_weights_after_loading", None)) \
+                    and not getattr(method, "_refit_harness_wrapped", False):
+                method.process_weights_after_loading = counting(
+                    method.process_weights_after_loading, lambda layer, *a: (names.get(id(layer), "?"), "quant_method"))
+                method._refit_harness_wrapped = True
+                calls.setdefault((name, "quant_method"), 0)
+            own = getattr(type(module), "process_weights_after_loading", None)
+            if own is not None and callable(own):
+                kind = "model" if module is model else "module"
+                module.process_weights_after_loading = counting(
+                    module.process_weights_after_loading, lambda *a, _k=(name or "<model>", kind): _k)
+                calls.setdefault((name or "<model>", kind), 0)
 
     def _refit_harness_kv_storages(self) -> frozenset[int]:
         # The KV cache changes with every step; it is engine state, not weights.

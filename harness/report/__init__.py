@@ -7,7 +7,7 @@ from pathlib import Path
 from harness.pipeline import Evaluation
 from harness.report.html import render_html
 from harness.report.summary import render_markdown, summary_dict
-from harness.report.tables import tensor_table, token_table
+from harness.report.tables import consumed_table, hook_table, tensor_table, token_table
 from harness.store import SCHEMA_VERSION
 
 
@@ -15,14 +15,15 @@ def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
     import json
 
     out.mkdir(parents=True, exist_ok=True)
-    files = {name: out / name for name in ("index.html", "summary.json", "summary.md", "tensors.csv", "tokens.csv")}
-    tensors, tokens = tensor_table(ev), token_table(ev)
-    tensors.to_csv(files["tensors.csv"], index=False)
-    tokens.to_csv(files["tokens.csv"], index=False)
+    names = ("index.html", "summary.json", "summary.md", "tensors.csv", "tokens.csv", "consumed.csv", "hooks.csv")
+    files = {name: out / name for name in names}
+    tensors, tokens, consumed, hooks = tensor_table(ev), token_table(ev), consumed_table(ev), hook_table(ev)
+    for name, table in (("tensors.csv", tensors), ("tokens.csv", tokens), ("consumed.csv", consumed), ("hooks.csv", hooks)):
+        table.to_csv(files[name], index=False)
     summary = summary_dict(ev)
     files["summary.json"].write_text(json.dumps(summary, indent=2, default=str))
     files["summary.md"].write_text(render_markdown(ev, summary))
-    files["index.html"].write_text(render_html(ev, summary, tensors, tokens))
+    files["index.html"].write_text(render_html(ev, summary, tensors, tokens, consumed, hooks))
     return files
 
 

@@ -21,11 +21,13 @@ background:#fff5f5;margin:.5rem 0}.muted{color:#667}
 """
 
 
-def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, tokens: pd.DataFrame) -> str:
+def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, tokens: pd.DataFrame,
+                consumed: pd.DataFrame, hooks: pd.DataFrame) -> str:
     parts = [f"<h1>refit-harness report</h1><p class='muted'>Oracle: warm A→B through each path vs a cold start "
              f"on B, with cold A as witness. Started {escape(ev.record.started)}.</p>",
              _verdicts(summary), _first_divergences(summary), _control(summary), _noise(summary),
-             _non_ok(tensors), _tokens(tokens), _arms(summary), _environment(summary)]
+             _non_ok(tensors), _consumed(consumed), _hooks(hooks), _tokens(tokens), _arms(summary),
+             _environment(summary)]
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
 
@@ -53,9 +55,14 @@ def _verdicts(summary: dict[str, Any]) -> str:
 
 
 def _first_divergences(summary: dict[str, Any]) -> str:
-    items = [f"<div class='first'><b>{escape(name)}</b>: first divergent tensor "
-             f"<code>{escape(p['first_divergent_tensor'])}</code></div>"
-             for name, p in summary["paths"].items() if p.get("first_divergent_tensor")]
+    items = []
+    for name, p in summary["paths"].items():
+        lines = [f"first divergent kernel input: <code>{escape(p['first_divergent_kernel_input'])}</code>"
+                 if p.get("first_divergent_kernel_input") else "",
+                 f"first divergent tensor: <code>{escape(p['first_divergent_tensor'])}</code>"
+                 if p.get("first_divergent_tensor") else ""]
+        if any(lines):
+            items.append(f"<div class='first'><b>{escape(name)}</b>: " + "<br>".join(x for x in lines if x) + "</div>")
     if not items:
         return "<section id='first-divergence'><h2>First divergence</h2><p>No tensor differs after any refit.</p></section>"
     return "<section id='first-divergence'><h2>First divergence</h2>" + "".join(items) + "</section>"
@@ -97,6 +104,30 @@ def _non_ok(tensors: pd.DataFrame) -> str:
     total = len(tensors[tensors["check"] == "refit"])
     return (f"<section id='tensors'><h2>Non-OK tensors</h2><p class='muted'>{total} tensor(s) compared per path "
             f"after refit; full list in tensors.csv.</p>{body}</section>")
+
+
+def _consumed(consumed: pd.DataFrame) -> str:
+    bad = consumed[~consumed["status"].isin(["OK", "NOISY"])]
+    rows = [[f"<code>{escape(r.path)}</code>", str(r.op_index), f"<code>{escape(r.op)}</code>", str(r.arg),
+             f"<code>{escape(r.module)}</code>", f"<code>{escape(r.tensor)}</code>", _badge(r.status)]
+            for r in bad.itertuples()]
+    body = (_table(["path", "op #", "op", "arg", "module", "kernel input", "status"], rows) if rows
+            else "<p>Every recorded kernel input matches cold B.</p>")
+    noisy = int((consumed["status"] == "NOISY").sum())
+    return (f"<section id='consumed'><h2>Kernel inputs (recorded forward)</h2><p class='muted'>Persistent tensors the "
+            f"ops read during one prefill, warm vs cold B; {len(consumed)} recorded, {noisy} noisy (differ between two "
+            f"cold starts, e.g. opaque kernel handles). Full list in consumed.csv.</p>{body}</section>")
+
+
+def _hooks(hooks: pd.DataFrame) -> str:
+    rows = [[f"<code>{escape(r.path)}</code>", f"<code>{escape(r.module)}</code>", escape(r.kind),
+             "yes" if r.runs_on_refit else "<b>no</b>",
+             " ".join(f"<code>{escape(t)}</code>" for t in str(r.stale_derived).split() if t != "nan") or "—"]
+            for r in hooks.itertuples()]
+    return ("<section id='hooks'><h2>Post-load hooks per path</h2><p class='muted'>Hooks found on the live model; "
+            "whether the path's refit ran them (observed by wrapping them in the worker), and derived tensors "
+            "under each that the refit left stale.</p>"
+            + _table(["path", "module", "hook", "runs on refit", "stale derived tensors"], rows) + "</section>")
 
 
 def _tokens(tokens: pd.DataFrame) -> str:

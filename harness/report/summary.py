@@ -15,7 +15,8 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
     for v in ev.verdicts:
         c = comparisons.get(v.path)
         entry: dict[str, Any] = {"verdict": v.status.value, "reasons": list(v.reasons),
-                                 "first_divergent_tensor": v.first_divergent_tensor}
+                                 "first_divergent_tensor": v.first_divergent_tensor,
+                                 "first_divergent_kernel_input": v.first_divergent_kernel_input}
         if c is not None:
             entry["tensor_statuses"] = {check: dict(Counter(d.status.value for d in c.tensors if d.check == check))
                                         for check in ("refit", "idempotency", "round_trip")}
@@ -26,7 +27,9 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
                 "checkpoint_tensor": ctl.checkpoint_tensor, "detected": ctl.detected,
                 "expected_modules": list(ctl.expected_modules), "localized_to": list(ctl.localized),
                 "changed": list(ctl.changed), "tokens_moved": ctl.tokens_moved,
-                "max_logprob_shift": ctl.max_logprob_shift}
+                "max_logprob_shift": ctl.max_logprob_shift, "first_kernel_input": ctl.first_kernel_input}
+            entry["consumed_statuses"] = dict(Counter(d.status.value for d in c.consumed))
+            entry["hooks_run_on_refit"] = {f"{h.module} ({h.kind})": h.runs for h in c.hooks}
         paths[v.path] = entry
     noise = next(iter(ev.comparisons), None)
     noise_tensors = [d.tensor for d in noise.tensors if d.check == "noise" and d.status.value != "OK"] if noise else []

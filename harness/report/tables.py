@@ -34,3 +34,21 @@ def token_table(ev: Evaluation) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=TOKEN_COLUMNS)
     df["first_divergence"] = df["first_divergence"].astype("Int64")  # keep ints with gaps, not floats
     return df
+
+
+CONSUMED_COLUMNS = ["schema_version", "path", "op_index", "op", "arg", "module", "tensor", "status"]
+HOOK_COLUMNS = ["schema_version", "path", "module", "kind", "runs_on_refit", "stale_derived"]
+
+
+def consumed_table(ev: Evaluation) -> pd.DataFrame:
+    rows = [{"schema_version": SCHEMA_VERSION, "path": c.path, "op_index": d.op_index, "op": d.op, "arg": d.arg,
+             "module": d.module, "tensor": d.tensor, "status": d.status.value}
+            for c in ev.comparisons for d in c.consumed]
+    return pd.DataFrame(rows, columns=CONSUMED_COLUMNS)
+
+
+def hook_table(ev: Evaluation) -> pd.DataFrame:
+    rows = [{"schema_version": SCHEMA_VERSION, "path": c.path, "module": h.module, "kind": h.kind,
+             "runs_on_refit": h.runs, "stale_derived": " ".join(h.stale_derived)}
+            for c in ev.comparisons for h in c.hooks]
+    return pd.DataFrame(rows, columns=HOOK_COLUMNS)

@@ -1,0 +1,146 @@
+"""Record what the kernels actually consume during one forward (torch only).
+
+A ``TorchDispatchMode`` sees every op that reaches the dispatcher, aten and custom ops
+alike. For each tensor argument that existed before the forward began (a weight, a
+derived copy, any cached state), it records the op, argument position, dtype, shape,
+address, an exact digest, and the module whose forward was running. Tensors produced by
+earlier ops of the same forward are activations and are not recorded; the KV cache and
+the step inputs are excluded by storage.
+
+Runs in the vLLM worker, switched on and off by ``harness.engine.worker_ext``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from harness.observe import tensor_digest
+
+
+@dataclass(frozen=True)
+class ConsumedRecord:
+    """A persistent tensor an op read (before naming)."""
+
+    op_index: int
+    op: str
+    arg: int
+    module: str
+    dtype: str
+    shape: tuple[int, ...]
+    address: int
+    storage: int
+    digest: str
+
+
+class ConsumptionRecorder(TorchDispatchMode):
+    """Records persistent op inputs while any module of ``model`` is running forward."""
+
+    def __init__(self, model: nn.Module, excluded_storages: frozenset[int]) -> None:
+        super().__init__()
+        self.excluded = set(excluded_storages)
+        self.records: list[ConsumedRecord] = []
+        self._produced: set[int] = set()
+        self._keep_alive: list[torch.Tensor] = []  # so ids of produced tensors are not reused
+        self._digests: dict[tuple[int, int], str] = {}
+        self._stack: list[str] = []
+        self._op_index = 0
+        self._handles = []
+        names = {id(m): n for n, m in model.named_modules()}
+        root = model
+
+        def pre(module, args, kwargs=None):
+            if module is root:  # step inputs arrive as the root forward's arguments
+                self._exclude_tree((args, kwargs))
+                self._exclude_forward_context()
+            self._stack.append(names.get(id(module), "?"))
+
+        def post(module, args, output):
+            if self._stack:
+                self._stack.pop()
+            self._mark_produced(output)
+
+        for module in model.modules():
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(post))
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._keep_alive.clear()
+
+    def _exclude_tree(self, tree) -> None:
+        for leaf in tree_flatten(tree)[0]:
+            if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+                self.excluded.add(leaf.untyped_storage().data_ptr())
+
+    def _exclude_forward_context(self) -> None:
+        # Attention metadata (slot mapping, block tables, lengths) is per-step input too.
+        try:
+            from vllm.forward_context import get_forward_context
+
+            ctx = get_forward_context()
+        except (ImportError, AssertionError, RuntimeError):
+            return
+        meta = getattr(ctx, "attn_metadata", None)
+        items = meta.values() if isinstance(meta, dict) else [meta]
+        for m in items:
+            if m is not None:
+                self._exclude_tree([v for v in vars(m).values()] if hasattr(m, "__dict__") else m)
+        self._exclude_tree(getattr(ctx, "slot_mapping", None))
+
+    def _mark_produced(self, tree) -> None:
+        for leaf in tree_flatten(tree)[0]:
+            if isinstance(leaf, torch.Tensor):
+                self._produced.add(id(leaf))
+                self._keep_alive.append(leaf)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._stack:
+            flat = tree_flatten((args, kwargs))[0]
+            for position, leaf in enumerate(flat):
+                if isinstance(leaf, torch.Tensor) and id(leaf) not in self._produced and leaf.device.type != "meta":
+                    storage = leaf.untyped_storage().data_ptr()
+                    if storage in self.excluded:
+                        continue
+                    key = (id(leaf), _version(leaf))
+                    if key not in self._digests:
+                        self._digests[key] = tensor_digest(leaf)
+                    self.records.append(ConsumedRecord(
+                        op_index=self._op_index, op=str(func), arg=position, module=self._stack[-1],
+                        dtype=str(leaf.dtype).removeprefix("torch."), shape=tuple(leaf.shape),
+                        address=int(leaf.data_ptr()), storage=storage, digest=self._digests[key]))
+            self._op_index += 1
+        out = func(*args, **kwargs)
+        # Track outputs even between module forwards: the runner slices hidden states
+        # before compute_logits, and those are activations, not state.
+        self._mark_produced(out)
+        return out
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter
+        return -1
+
+
+def name_consumed(records: list[ConsumedRecord], census: dict[int, str], census_by_storage: dict[int, str]) -> list[tuple[str, ConsumedRecord]]:
+    """Census name of each recorded tensor (by exact address, then by storage), or
+    ``unregistered@<module>:<op>#<arg>`` with an occurrence count for repeats."""
+    seen: dict[str, int] = {}
+    named = []
+    for r in records:
+        name = census.get(r.address) or census_by_storage.get(r.storage)
+        if name is None:
+            base = f"unregistered@{r.module}:{r.op}#{r.arg}"
+            seen[base] = seen.get(base, 0) + 1
+            name = base if seen[base] == 1 else f"{base}~{seen[base]}"
+        named.append((name, r))
+    return named
