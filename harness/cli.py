@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.spec import ControlSpec, EngineSpec, PerturbSpec, RunSpec
+from harness.spec import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec
 
 
 def _progress(message: str) -> None:
@@ -42,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     run.add_argument("--seed", type=int, default=PerturbSpec.seed, help="perturbation seed for B")
     run.add_argument("--arm-timeout", type=float, default=RunSpec.arm_timeout_s, help="seconds per engine arm")
-    run.add_argument("--resume", action="store_true", help="keep arms already finished in --out")
+    run.add_argument("--rebound", choices=("auto", "fail", "warn"), default=JudgePolicy.rebound,
+                     help="does a kernel input whose address moved fail? auto: only compiled on a GPU")
+    run.add_argument("--resume", metavar="DIR", help="finish the run in DIR (its own spec), keeping finished arms")
+    run.add_argument("--executor", choices=("ray", "local"), default="ray",
+                     help="ray: arms as Ray actors, independent ones at the same time; local: one by one here")
+    run.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    run.add_argument("--max-parallel", type=int, help="at most this many arms at once")
 
     sub.add_parser("paths", help="list reload paths and where they run")
     report = sub.add_parser("report", help="re-judge and re-render a report directory from its records")
@@ -61,24 +67,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness import checkpoints
-    from harness.paths import PATHS
-    from harness.pipeline import UsageError, execute
+    from harness import store
+    from harness.engine.fanout import FanoutSpec
+    from harness.pipeline import RunRecord, UsageError, execute
     from harness.report import write_reports
 
-    paths = PATHS.names() if args.paths == "all" else tuple(p.strip() for p in args.paths.split(",") if p.strip())
-    if args.model is None:
-        _progress("building the embedded tiny Qwen3 checkpoint (cached)")
-        model = str(checkpoints.tiny_qwen3())
+    fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel)
+    if args.resume:
+        out = Path(args.resume)
+        try:
+            spec = store.load(RunRecord, out / "run.json", "run_record").spec
+        except store.SchemaError as exc:
+            return _fail(f"cannot resume {out}: {exc}")
     else:
-        model = args.model
-    out = Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S")
-    spec = RunSpec(model=model, target=args.target, paths=paths,
-                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
-                   perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
-                   arm_timeout_s=args.arm_timeout)
+        spec, out = spec_from_args(args), Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S")
     try:
-        evaluation = execute(spec, out, _progress, resume=args.resume)
+        evaluation = execute(spec, out, _progress, fan=fan, resume=bool(args.resume))
     except UsageError as exc:
         return _fail(str(exc))
     files = write_reports(evaluation, out)
@@ -86,6 +90,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         _progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
     print(f"report: {files['index.html'].resolve()}")
     return evaluation.exit_code
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    from harness import checkpoints
+    from harness.paths import PATHS
+
+    paths = PATHS.names() if args.paths == "all" else tuple(p.strip() for p in args.paths.split(",") if p.strip())
+    if args.model is None:
+        _progress("building the embedded tiny Qwen3 checkpoint (cached)")
+        model = str(checkpoints.tiny_qwen3())
+    else:
+        model = args.model
+    return RunSpec(model=model, target=args.target, paths=paths,
+                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
+                   perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
+                   judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout)
 
 
 def cmd_paths(args: argparse.Namespace) -> int:

@@ -141,6 +141,8 @@ class PathComparison:
     """Kernel inputs of the recorded forward after refit to B, in op order."""
     hooks: tuple[HookRun, ...] = ()
     """Post-load hooks and whether this path's refit ran them."""
+    notes: tuple[str, ...] = ()
+    """Checks that were not run for this path, and why."""
 
 
 def _by_name(obs: Observation) -> dict[str, TensorRecord]:
@@ -344,9 +346,12 @@ def segment_observations(subject: ArmResult, path: str) -> tuple[dict[str, Obser
 
 
 def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noise: ArmResult | None,
-                 control_tensor: str, logprob_atol: float, expected: tuple[str, ...]) -> PathComparison:
+                 control_tensor: str, logprob_atol: float, expected: tuple[str, ...],
+                 same_mode: bool = True) -> PathComparison:
     """All checks for one path, from the arms' records. ``expected`` lists the labels the
-    plan said this path's segment would observe (without the ``path/`` prefix)."""
+    plan said this path's segment would observe (without the ``path/`` prefix).
+    ``same_mode`` is False when the subject runs compiled and the reference eager: their
+    recorded op sequences are different programs, so kernel inputs are not compared."""
     errors = tuple(f"{a.arm}: {a.error}" for a in (reference, noise, subject) if a is not None and a.status == "error")
     if reference is None or _first_obs(reference) is None:
         errors += ("reference arm (cold B) produced no observation",)
@@ -372,8 +377,13 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
         tokens += compare_outputs("round_trip", obs["warm_A"], cold_a)
     consumed: tuple[ConsumedDiff, ...] = ()
     hooks: tuple[HookRun, ...] = ()
+    notes: tuple[str, ...] = ()
     if ref is not None and "warm_B" in obs:
-        consumed = compare_consumed(obs["warm_B"], ref, witness=before, before=before, noise=_first_obs(noise))
+        if same_mode:
+            consumed = compare_consumed(obs["warm_B"], ref, witness=before, before=before, noise=_first_obs(noise))
+        else:
+            notes = ("kernel inputs not compared: the subject runs compiled and the reference eager, so their "
+                     "recorded op sequences are different programs (tensors and tokens are still compared)",)
         hooks = hook_runs(before, obs["warm_B"], tuple(d for d in tensors if d.check == "refit"))
     control = None
     if "warm_B_control" in obs and "warm_B" in obs:
@@ -381,4 +391,4 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
         control = compare_control(control_tensor, obs["warm_B_control"], obs["warm_B"], floor,
                                   noise=_first_obs(noise), reference=ref)
     return PathComparison(path=path, tensors=tuple(tensors), tokens=tuple(tokens), control=control,
-                          errors=errors, missing_observations=missing, consumed=consumed, hooks=hooks)
+                          errors=errors, missing_observations=missing, consumed=consumed, hooks=hooks, notes=notes)

@@ -16,7 +16,8 @@ from pathlib import Path
 from harness import checkpoints, store
 from harness.checkpoints import CheckpointSet
 from harness.compare import PathComparison, compare_path
-from harness.plan import Plan, make_plan
+from harness.engine.fanout import FanoutSpec
+from harness.plan import ArmPlan, Plan, make_plan
 from harness.records import ArmResult
 from harness.spec import RunSpec
 from harness.verdict import Verdict, VerdictStatus, judge, rebound_fails, skipped
@@ -103,22 +104,39 @@ def prepare(spec: RunSpec, out: Path, progress: Progress) -> RunRecord:
     return record
 
 
-def execute(spec: RunSpec, out: Path, progress: Progress, resume: bool = False) -> Evaluation:
+def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None = None,
+            resume: bool = False) -> Evaluation:
+    """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here."""
     from harness.engine.runner import arm_files, run_arm
 
     record = prepare(spec, out, progress)
     arms = record.plan.arms
-    for i, arm in enumerate(arms, 1):
-        _, result_file, log_file = arm_files(out, arm)
-        if resume and _finished(result_file):
-            progress(f"[{i}/{len(arms)}] {arm.name}: already finished, kept")
-            continue
-        progress(f"[{i}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.removeprefix('cold_')}"
+    number = {arm.name: i for i, arm in enumerate(arms, 1)}
+    todo = []
+    for arm in arms:
+        if resume and _finished(arm_files(out, arm)[1]):
+            progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
+        else:
+            todo.append(arm)
+
+    def started(arm: ArmPlan) -> None:
+        progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.removeprefix('cold_')}"
                  + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
-                 + f" (log: {log_file})")
-        result = run_arm(arm, out)
-        progress(f"[{i}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
+                 + f" (log: {arm_files(out, arm)[2]})")
+
+    def finished(arm: ArmPlan, result: ArmResult) -> None:
+        progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
                  + (f" - {result.error}" if result.error else ""))
+
+    if fan is None:
+        for arm in todo:
+            started(arm)
+            finished(arm, run_arm(arm, out))
+    elif todo:
+        from harness.engine.fanout import run_arms
+
+        for arm, result in run_arms(todo, out, fan, started):
+            finished(arm, result)
     return evaluate(out)
 
 
@@ -153,8 +171,10 @@ def evaluate(out: Path) -> Evaluation:
             continue
         expected = tuple(s.argument.split("/", 1)[1] for s in arm.steps
                          if s.action == "observe" and s.argument.startswith(f"{path}/"))
+        ref_arm = next(a for a in record.plan.arms if a.role == "reference")
+        same_mode = (arm.requirements.mode or arm.engine.mode) == (ref_arm.requirements.mode or ref_arm.engine.mode)
         c = compare_path(path, subject, reference, noise, record.checkpoints.control_tensor,
-                         record.spec.judge.logprob_atol, expected)
+                         record.spec.judge.logprob_atol, expected, same_mode=same_mode)
         comparisons.append(c)
         device = dict(subject.environment).get("device", "cpu")
         verdicts.append(judge(c, record.spec.judge, rebound_fails(record.spec.judge, record.spec.engine.mode, device)))

@@ -88,6 +88,7 @@ def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool) -> Verd
         reasons.append(f"noise floor: {len(noisy)} tensor(s) differ between two cold starts on B and were not "
                        f"judged (first: {noisy[0]})")
 
+    reasons += list(c.notes)
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
         why = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]

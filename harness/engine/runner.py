@@ -24,12 +24,12 @@ def arm_files(workdir: Path, arm: ArmPlan) -> tuple[Path, Path, Path]:
     return base.with_suffix(".plan.json"), base.with_suffix(".result.json"), base.with_suffix(".log")
 
 
-def run_arm(arm: ArmPlan, workdir: Path) -> ArmResult:
+def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None) -> ArmResult:
     plan_file, result_file, log_file = arm_files(workdir, arm)
     store.dump(arm, plan_file, "arm_plan")
     result_file.unlink(missing_ok=True)
     started = time.monotonic()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],

@@ -1,0 +1,100 @@
+"""Run independent arms at the same time as Ray actors.
+
+Each actor still runs its arm in an isolated subprocess with a timeout
+(``harness.engine.runner``); Ray only decides where and how many at once. Resource
+requests come from the spec: CPUs (and GPUs on CUDA) per tensor-parallel rank, and a
+memory estimate that caps concurrency on small machines. ``address`` joins an existing
+cluster; without it a local Ray starts and stops with the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.paths.base import cuda_available
+from harness.plan import ArmPlan
+from harness.records import ArmResult
+
+
+@dataclass(frozen=True)
+class FanoutSpec:
+    """How arms are spread over Ray."""
+
+    address: str | None = None
+    """Ray address to join (``ray://...`` or ``auto``); None starts a local Ray for this run."""
+    arm_memory_bytes: int = 4 << 30
+    """Memory one arm is expected to use (engine processes included); caps concurrency."""
+    max_concurrent: int | None = None
+    """Upper bound on arms at once; None lets CPUs and memory decide."""
+
+
+def arm_resources(arm: ArmPlan, fan: FanoutSpec) -> dict:
+    ranks = arm.engine.tensor_parallel_size
+    res = {"num_cpus": ranks, "memory": fan.arm_memory_bytes}
+    if cuda_available():
+        res["num_gpus"] = ranks
+    return res
+
+
+def cpu_thread_env(concurrent: int) -> dict[str, str]:
+    """On CPU, arms that share the machine must not all pin core 0 (vLLM's auto binding);
+    every arm of a run gets the same thread count so their numerics match."""
+    if cuda_available() or concurrent <= 1:
+        return {}
+    threads = max(1, (os.cpu_count() or 1) // concurrent)
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+
+
+def local_concurrency(fan: FanoutSpec) -> int:
+    cpus = os.cpu_count() or 1
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        available = fan.arm_memory_bytes
+    n = max(1, min(cpus, available // fan.arm_memory_bytes))
+    return min(n, fan.max_concurrent) if fan.max_concurrent else n
+
+
+class ArmActor:
+    """One engine arm as a Ray actor. The engine itself still runs in the arm's own
+    process group with a timeout, so a crash or hang cannot take the actor down with it."""
+
+    def run(self, arm: ArmPlan, workdir: Path, env: dict[str, str]) -> ArmResult:
+        from harness.engine.runner import run_arm
+
+        return run_arm(arm, workdir, env)
+
+
+def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec,
+             started: Callable[[ArmPlan], None]) -> Iterator[tuple[ArmPlan, ArmResult]]:
+    """Yield (arm, result) as arms finish; every result is on disk before it is yielded."""
+    import ray
+
+    own_cluster = not ray.is_initialized()
+    if own_cluster:
+        if fan.address:
+            ray.init(address=fan.address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                     object_store_memory=256 << 20)
+    try:
+        concurrent = local_concurrency(fan) if not fan.address else len(arms)
+        env = cpu_thread_env(min(concurrent, len(arms)))
+        actor_cls = ray.remote(max_restarts=0)(ArmActor)
+        pending = {}
+        for arm in arms:
+            started(arm)
+            actor = actor_cls.options(**arm_resources(arm, fan)).remote()
+            pending[actor.run.remote(arm, workdir, env)] = (arm, actor)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            arm, actor = pending.pop(done[0])
+            result = ray.get(done[0])
+            ray.kill(actor)
+            yield arm, result
+    finally:
+        if own_cluster:
+            ray.shutdown()
