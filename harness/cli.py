@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run the oracle: warm A->B through each path vs cold B")
+    run.add_argument("-s", "--scenario", help="run a registered scenario's matrix (see 'refit-harness list')")
+    run.add_argument("--only", action="append", default=[], help="with -s: keep cells matching this glob, "
+                     "e.g. 'reload_weights[*'")
+    run.add_argument("--skip", action="append", default=[], help="with -s: drop cells matching this glob")
     run.add_argument("--model", help="checkpoint A directory (default: the embedded tiny Qwen3)")
     run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
     run.add_argument("--paths", default="reload_weights", help="comma-separated reload paths, or 'all'")
@@ -51,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-parallel", type=int, help="at most this many arms at once")
 
     sub.add_parser("paths", help="list reload paths and where they run")
+    sub.add_parser("list", help="list registered scenarios and their cells")
     report = sub.add_parser("report", help="re-judge and re-render a report directory from its records")
     report.add_argument("dir")
     model = sub.add_parser("make-model", help="write the embedded tiny Qwen3 (or a planted-bug fixture) and print its path")
@@ -61,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "paths": cmd_paths, "report": cmd_report, "make-model": cmd_make_model}[args.command](args)
+        return {"run": cmd_run, "paths": cmd_paths, "report": cmd_report, "make-model": cmd_make_model,
+                "list": cmd_list}[args.command](args)
     except KeyboardInterrupt:
         return _fail("interrupted; finished arms are kept on disk (use --resume)")
 
@@ -73,6 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.report import write_reports
 
     fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel)
+    if args.scenario:
+        return run_scenario(args, fan)
     if args.resume:
         out = Path(args.resume)
         try:
@@ -106,6 +114,52 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                    engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
                    judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout)
+
+
+def run_scenario(args: argparse.Namespace, fan) -> int:
+    from harness.pipeline import UsageError, execute
+    from harness.registry import UnknownName
+    from harness.report import write_reports
+    from harness.report.matrix import matrix_summary, write_matrix
+    from harness.scenario import expand, resolve_model
+    from scenarios import SCENARIOS
+
+    try:
+        scenario = SCENARIOS.get(args.scenario)()
+    except UnknownName as exc:
+        return _fail(str(exc))
+    groups = expand(scenario, tuple(args.only), tuple(args.skip))
+    if not groups:
+        return _fail(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")
+    out = Path(args.out or args.resume or Path("reports") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    results = []
+    for group in groups:
+        group = resolve_model(group, args.model)
+        _progress(f"cell group {group.id}: {', '.join(group.spec.paths)}")
+        try:
+            evaluation = execute(group.spec, out / group.id, _progress, fan=fan, resume=bool(args.resume))
+        except UsageError as exc:
+            return _fail(str(exc))
+        write_reports(evaluation, out / group.id)
+        results.append((group, evaluation))
+    summary = matrix_summary(scenario.name, results)
+    index = write_matrix(out, summary)
+    for cell, c in summary["cells"].items():
+        _progress(f"{cell}: {c['verdict']}")
+    print(f"report: {index.resolve()}")
+    return summary["exit_code"]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from harness.scenario import expand
+    from scenarios import SCENARIOS
+
+    for name in SCENARIOS.names():
+        scenario = SCENARIOS.get(name)()
+        cells = [c for g in expand(scenario) for c in g.cell_ids()]
+        print(f"{name:14} {scenario.description}\n    {len(cells)} cells: {', '.join(cells[:4])}"
+              + (", ..." if len(cells) > 4 else ""))
+    return 0
 
 
 def cmd_paths(args: argparse.Namespace) -> int:

@@ -41,9 +41,17 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         return name in self._targets
 
-    def get(self, name: str) -> T:
+    def target(self, name: str) -> str:
+        """The ``module:attribute`` string registered under ``name`` (nothing imported)."""
+        self._check(name)
+        return self._targets[name]
+
+    def _check(self, name: str) -> None:
         if name not in self._targets:
             raise UnknownName(f"unknown {self.kind} {name!r}. Available: {sorted(self._targets)}")
+
+    def get(self, name: str) -> T:
+        self._check(name)
         if name not in self._loaded:
             module_name, _, attr = self._targets[name].partition(":")
             self._loaded[name] = getattr(importlib.import_module(module_name), attr)

@@ -23,15 +23,15 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.cpu
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make browser)")
-def test_failing_report_renders_its_verdict_and_first_divergence(run_oracle, tmp_path):
-    run = run_oracle("stale", "--model", str(checkpoints.tiny_qwen3(architecture="StaleQKNormQwen3ForCausalLM")))
+def test_failing_report_renders_its_verdict_and_first_divergent_kernel_input(run_oracle, tmp_path):
+    run = run_oracle("registry", "--model", str(checkpoints.tiny_qwen3(architecture="RegistryQKNormQwen3ForCausalLM")))
     page = (run.out / "index.html").resolve().as_uri()
     dom = chromium("--dump-dom", page).stdout
     verdicts = dom[dom.index("id=\"verdicts\""):dom.index("id=\"first-divergence\"")]
     assert "reload_weights" in verdicts and "FAIL" in verdicts
     first = dom[dom.index("id=\"first-divergence\""):dom.index("id=\"positive-control\"")]
-    assert "q_norm.weight_fp32" in first and "STALE" in first
-    for section in ("positive-control", "noise-floor", "tensors", "tokens", "arms", "environment"):
+    assert "unregistered@model.layers.0.self_attn.q_norm" in first and "STALE" in first
+    for section in ("positive-control", "noise-floor", "tensors", "consumed", "hooks", "tokens", "arms", "environment"):
         assert f'id="{section}"' in dom
     shot = tmp_path / "report.png"
     chromium("--window-size=1280,1600", f"--screenshot={shot}", page)

@@ -1,0 +1,45 @@
+"""The report of a scenario: one row per cell, linking each cell group's own report."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+
+from harness.pipeline import Evaluation
+from harness.scenario import CellGroup
+from harness.store import SCHEMA_VERSION
+
+
+def matrix_summary(scenario: str, results: list[tuple[CellGroup, Evaluation]]) -> dict:
+    cells = {}
+    for group, ev in results:
+        for v in ev.verdicts:
+            cells[f"{v.path}[{group.id}]"] = {"verdict": v.status.value, "group": group.id,
+                                             "reasons": list(v.reasons[:3])}
+    codes = [ev.exit_code for _, ev in results]
+    exit_code = 2 if 2 in codes else max(codes, default=0)
+    return {"schema_version": SCHEMA_VERSION, "scenario": scenario, "exit_code": exit_code, "cells": cells,
+            "groups": {g.id: f"{g.id}/index.html" for g, _ in results}}
+
+
+def write_matrix(out: Path, summary: dict) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    rows = "".join(
+        f"<tr><td><code>{escape(cell)}</code></td><td class='{c['verdict']}'>{c['verdict']}</td>"
+        f"<td><a href='{escape(summary['groups'][c['group']])}'>{escape(c['group'])}</a></td>"
+        f"<td>{'<br>'.join(escape(r) for r in c['reasons'])}</td></tr>"
+        for cell, c in summary["cells"].items())
+    css = ("body{font:14px system-ui,sans-serif;margin:2rem}td,th{border:1px solid #ccd;padding:.25rem .5rem}"
+           "table{border-collapse:collapse}.PASS{background:#d9f2dd}.FAIL,.ERROR{background:#f9d6d5}"
+           ".INCONCLUSIVE{background:#fbefc8}.SKIPPED{background:#e6e6e6}")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>refit-harness: {escape(summary['scenario'])}"
+            f"</title><style>{css}</style></head><body><h1>Scenario <code>{escape(summary['scenario'])}</code></h1>"
+            f"<table id='cells'><tr><th>cell</th><th>verdict</th><th>report</th><th>reasons</th></tr>{rows}</table>"
+            "</body></html>")
+    (out / "index.html").write_text(page)
+    lines = [f"## refit-harness scenario `{summary['scenario']}`", "", "| cell | verdict |", "|---|---|"]
+    lines += [f"| `{cell}` | {c['verdict']} |" for cell, c in summary["cells"].items()]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    return out / "index.html"

@@ -1,0 +1,8 @@
+"""Registered scenario factories: ``refit-harness list`` shows them, ``run -s NAME`` runs one."""
+
+from harness.registry import Registry
+
+SCENARIOS: Registry = Registry("scenario")
+SCENARIOS.register("default", "scenarios.default:default")
+SCENARIOS.register("smoke", "scenarios.default:smoke")
+SCENARIOS.register("gpu-nightly", "scenarios.gpu_nightly:gpu_nightly")

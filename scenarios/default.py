@@ -1,0 +1,17 @@
+"""Scenarios on the embedded tiny Qwen3: what ``make run`` and CPU CI exercise."""
+
+from harness.scenario import ModelRef, ScenarioSpec
+
+TINY = ModelRef(label="tiny-qwen3", builder="tiny-qwen3")
+CPU_PATHS = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
+             "dummy_start", "prefix_cache", "compiled")
+
+
+def default() -> ScenarioSpec:
+    return ScenarioSpec(name="default", description="every CPU-capable reload path on the embedded tiny Qwen3",
+                        models=(TINY,), paths=CPU_PATHS)
+
+
+def smoke() -> ScenarioSpec:
+    return ScenarioSpec(name="smoke", description="reload_weights and the gloo transfer twin on the tiny Qwen3",
+                        models=(TINY,), paths=("reload_weights", "transfer_gloo"))

@@ -1,0 +1,89 @@
+"""Issue 5 on real engines: a crashed engine leaves its cell ERROR while the run goes
+on, --resume finishes only what is missing, and scenario cells run as pytest items."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import checkpoints
+
+pytestmark = [pytest.mark.cpu]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _arm_pid(out: Path, arm: str) -> int | None:
+    found = subprocess.run(["pgrep", "-f", f"arm_process {out}/arms/{arm}.plan.json"], capture_output=True, text=True)
+    pids = [int(x) for x in found.stdout.split()]
+    return pids[0] if pids else None
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if text in line and "pgrep" not in line and "ps -eo" not in line]
+
+
+def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--model", str(checkpoints.tiny_qwen3()),
+           "--paths", "reload_weights,dummy_start", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim_log = out / "arms" / "subject-dummy_start.log"
+    killed = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and killed is None:
+        if victim_log.exists() and "observe cold_dummy" in victim_log.read_text(errors="replace"):
+            arm = _arm_pid(out, "subject-dummy_start")
+            engines = _children(arm) if arm else []
+            if engines:  # the engine core, a child of the arm process: crash it mid-run
+                killed = engines[0]
+                os.kill(killed, signal.SIGKILL)
+        time.sleep(0.2)
+    output = proc.communicate(timeout=900)[0]
+    assert killed is not None, output
+    assert proc.returncode == 2, output  # an infrastructure error, and the report is still written
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["paths"]["dummy_start"]["verdict"] == "ERROR"
+    assert summary["paths"]["reload_weights"]["verdict"] == "PASS"
+    assert (out / "index.html").exists() and (out / "tensors.csv").exists()
+    assert not _processes_mentioning(str(out)), "an engine of the run outlived it"
+
+    resumed = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--resume", str(out)],
+                             capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    for arm in ("reference", "noise", "subject-reload_weights"):
+        assert f"{arm}: already finished, kept" in resumed.stderr
+    assert "subject-dummy_start: cold start" in resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["paths"]["dummy_start"]["verdict"] == "PASS"
+
+
+def test_scenario_cells_are_pytest_items_with_readable_failures(tmp_path):
+    stale = checkpoints.tiny_qwen3(architecture="StaleQKNormQwen3ForCausalLM")
+    junit = tmp_path / "junit.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "scenarios/", "-m", "cpu", "--refit-scenario", "smoke", "-k", "reload_weights",
+         "--refit-model", str(stale), f"--junitxml={junit}", "-p", "no:cacheprovider", "-q"],
+        capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 failed, 1 deselected" in proc.stdout
+    assert "reload_weights: FAIL" in proc.stdout and "first divergent kernel input:" in proc.stdout
+    assert "Traceback" not in proc.stdout
+    assert 'name="reload_weights[tiny-qwen3-eager-tp1]"' in junit.read_text()
+    reports = list(tmp_path.glob("refit-smoke-*/summary.json"))
+    assert len(reports) == 1  # the session's scenario report sits beside the JUnit XML
+    cells = json.loads(reports[0].read_text())["cells"]
+    assert cells == {"reload_weights[tiny-qwen3-eager-tp1]": cells["reload_weights[tiny-qwen3-eager-tp1]"]}
+    assert cells["reload_weights[tiny-qwen3-eager-tp1]"]["verdict"] == "FAIL"

@@ -1,0 +1,75 @@
+from harness.compare import TensorStatus, compare_control, compare_tensors
+from harness.pipeline import Evaluation
+from harness.report.matrix import matrix_summary
+from harness.scenario import ModelRef, ScenarioSpec, expand
+from harness.spec import PerturbSpec
+from harness.verdict import Verdict, VerdictStatus
+from tests.records import obs, tensor
+
+MATRIX = ScenarioSpec(name="m", description="", models=(ModelRef("tiny", builder="tiny-qwen3"), ModelRef("big", path="/m")),
+                      paths=("reload_weights", "transfer_gloo"), modes=("eager", "compiled"), tp_sizes=(1, 2))
+
+
+def test_expand_makes_one_run_per_model_mode_tp_sharing_paths():
+    groups = expand(MATRIX)
+    assert [g.id for g in groups] == ["tiny-eager-tp1", "tiny-eager-tp2", "tiny-compiled-tp1", "tiny-compiled-tp2",
+                                      "big-eager-tp1", "big-eager-tp2", "big-compiled-tp1", "big-compiled-tp2"]
+    g = groups[3]
+    assert g.spec.paths == ("reload_weights", "transfer_gloo")
+    assert (g.spec.engine.mode, g.spec.engine.tensor_parallel_size) == ("compiled", 2)
+    assert g.cell_ids() == ("reload_weights[tiny-compiled-tp2]", "transfer_gloo[tiny-compiled-tp2]")
+
+
+def test_only_and_skip_filter_cells_by_glob():
+    only = expand(MATRIX, only=("reload_weights[*-eager-*",))
+    assert [c for g in only for c in g.cell_ids()] == [
+        "reload_weights[tiny-eager-tp1]", "reload_weights[tiny-eager-tp2]",
+        "reload_weights[big-eager-tp1]", "reload_weights[big-eager-tp2]"]
+    skipped = expand(MATRIX, skip=("*[big-*", "transfer_gloo[*"))
+    assert {c for g in skipped for c in g.cell_ids()} == {f"reload_weights[tiny-{m}-tp{t}]" for m in ("eager", "compiled")
+                                                          for t in (1, 2)}
+    assert expand(MATRIX, only=("nothing*",)) == ()
+
+
+def test_several_perturbations_get_their_own_ids():
+    s = ScenarioSpec(name="p", description="", models=(ModelRef("t", path="/t"),), paths=("reload_weights",),
+                     perturbations=(PerturbSpec(seed=1), PerturbSpec(seed=2)))
+    assert [g.id for g in expand(s)] == ["t-eager-tp1-p1", "t-eager-tp1-p2"]
+
+
+def _evaluation(*verdicts: Verdict) -> Evaluation:
+    return Evaluation(record=None, arms=(), comparisons=(), verdicts=verdicts)
+
+
+def test_matrix_exit_code_is_the_worst_cell():
+    groups = expand(MATRIX, only=("*[tiny-eager-tp1]",))
+    ok = _evaluation(Verdict("reload_weights", VerdictStatus.PASS, ()), Verdict("transfer_gloo", VerdictStatus.SKIPPED, ("x",)))
+    bad = _evaluation(Verdict("reload_weights", VerdictStatus.FAIL, ("stale",)))
+    dead = _evaluation(Verdict("reload_weights", VerdictStatus.ERROR, ("engine died",)))
+    assert matrix_summary("m", [(groups[0], ok)])["exit_code"] == 0
+    assert matrix_summary("m", [(groups[0], ok), (groups[0], bad)])["exit_code"] == 1
+    assert matrix_summary("m", [(groups[0], bad), (groups[0], dead)])["exit_code"] == 2
+    assert matrix_summary("m", [(groups[0], ok)])["cells"]["transfer_gloo[tiny-eager-tp1]"]["verdict"] == "SKIPPED"
+
+
+def test_per_rank_observations_localize_a_bug_to_one_rank():
+    # TP=2: a replicated norm reloaded with the wrong rank's slice on rank 1 only (vLLM #48025).
+    names = ("model.norm.weight", "model.layers.0.self_attn.qkv_proj.<kernel-output>")
+    cold_a = obs("cold_A", {f"rank{r}:{n}": f"a{r}{i}" for r in (0, 1) for i, n in enumerate(names)})
+    cold_b = obs("cold_B", {f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)})
+    warm = obs("warm_B", {**{f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)},
+                          "rank1:model.norm.weight": "a10"})
+    diffs = {d.tensor: d.status for d in compare_tensors("refit", warm, cold_b, witness=cold_a)}
+    assert diffs["rank1:model.norm.weight"] is TensorStatus.STALE
+    assert {n for n, s in diffs.items() if s is not TensorStatus.OK} == {"rank1:model.norm.weight"}
+    control = obs("warm_B_control", {**{f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)},
+                                     "rank0:model.layers.0.self_attn.qkv_proj.<kernel-output>": "scaled"})
+    outcome = compare_control("model.layers.0.self_attn.q_proj.weight", control, cold_b, 1e-4)
+    assert outcome.localized == ("rank0:model.layers.0.self_attn.qkv_proj.<kernel-output>",)
+
+
+def test_hub_ids_and_paths_resolve_without_download_for_local_dirs(tmp_path):
+    from harness.scenario import _local_model
+
+    assert _local_model(str(tmp_path)) == str(tmp_path)
+    assert _local_model("./relative/dir") == "./relative/dir"
