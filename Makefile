@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 DEVICE := $(if $(or $(filter gpu,$(HARNESS_DEVICE)),$(shell command -v nvidia-smi 2>/dev/null)),gpu,cpu)
 STAMP := $(VENV)/.installed-$(DEVICE)
 PIP_QUIET := 2>&1 | grep -v "^WARNING: Location" || true
-RUN_ARGS ?=
+RUN_ARGS ?= -s default
 PYTEST_ARGS ?=
 
 .PHONY: setup run test bench browser clean

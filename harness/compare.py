@@ -369,11 +369,12 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
         tensors += compare_tensors("refit", obs["warm_B"], ref, witness=before, before=before, noisy=noisy)
         tokens += compare_outputs("refit", obs["warm_B"], ref)
     if "warm_B" in obs and "warm_B_again" in obs:
-        tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"], before=obs["warm_B"])
+        tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"], before=obs["warm_B"], noisy=noisy)
         tokens += compare_outputs("idempotency", obs["warm_B_again"], obs["warm_B"])
     cold_a = subject.observation("cold_A")
     if cold_a is not None and "warm_A" in obs:
-        tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"), before=before)
+        tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"), before=before,
+                                   noisy=noisy)
         tokens += compare_outputs("round_trip", obs["warm_A"], cold_a)
     consumed: tuple[ConsumedDiff, ...] = ()
     hooks: tuple[HookRun, ...] = ()

@@ -97,6 +97,16 @@ def walk_model(model: nn.Module, excluded_storages: frozenset[int] = frozenset()
         elif isinstance(value, functools.partial):
             walk_value(value.args, f"{name}<partial>.args", "closure", depth)
             walk_value(value.keywords, f"{name}<partial>.keywords", "closure", depth)
+        elif isinstance(value, (types.FunctionType, types.MethodType)) and depth < _MAX_OBJECT_DEPTH:
+            # Kernels bound at load time keep their weights in closures, e.g. vLLM's CPU
+            # `layer.cpu_linear = lambda x, w, b: ops.weight_packed_linear_cpu(x, packed, ...)`.
+            fn = value.__func__ if isinstance(value, types.MethodType) else value
+            for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+                try:
+                    content = cell.cell_contents
+                except ValueError:  # an empty cell
+                    continue
+                walk_value(content, f"{name}<closure>.{var}", "closure", depth + 1)
         elif depth < _MAX_OBJECT_DEPTH and _is_walkable_object(value):
             if id(value) in visited_objects:
                 return

@@ -12,7 +12,7 @@ Runs in the vLLM worker, switched on and off by ``harness.engine.worker_ext``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -20,21 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from harness.observe import tensor_digest
-
-
-@dataclass(frozen=True)
-class ConsumedRecord:
-    """A persistent tensor an op read (before naming)."""
-
-    op_index: int
-    op: str
-    arg: int
-    module: str
-    dtype: str
-    shape: tuple[int, ...]
-    address: int
-    storage: int
-    digest: str
+from harness.records import ConsumedTensor
 
 
 class ConsumptionRecorder(TorchDispatchMode):
@@ -43,7 +29,7 @@ class ConsumptionRecorder(TorchDispatchMode):
     def __init__(self, model: nn.Module, excluded_storages: frozenset[int]) -> None:
         super().__init__()
         self.excluded = set(excluded_storages)
-        self.records: list[ConsumedRecord] = []
+        self.records: list[tuple[int, ConsumedTensor]] = []  # (storage pointer, record)
         self._produced: set[int] = set()
         self._keep_alive: list[torch.Tensor] = []  # so ids of produced tensors are not reused
         self._digests: dict[tuple[int, int], str] = {}
@@ -112,10 +98,11 @@ class ConsumptionRecorder(TorchDispatchMode):
                     key = (id(leaf), _version(leaf))
                     if key not in self._digests:
                         self._digests[key] = tensor_digest(leaf)
-                    self.records.append(ConsumedRecord(
-                        op_index=self._op_index, op=str(func), arg=position, module=self._stack[-1],
+                    # Named later, once the whole census is known (see name_consumed).
+                    self.records.append((storage, ConsumedTensor(
+                        name="", op_index=self._op_index, op=str(func), arg=position, module=self._stack[-1],
                         dtype=str(leaf.dtype).removeprefix("torch."), shape=tuple(leaf.shape),
-                        address=int(leaf.data_ptr()), storage=storage, digest=self._digests[key]))
+                        address=int(leaf.data_ptr()), digest=self._digests[key])))
             self._op_index += 1
         out = func(*args, **kwargs)
         # Track outputs even between module forwards: the runner slices hidden states
@@ -131,16 +118,17 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
-def name_consumed(records: list[ConsumedRecord], census: dict[int, str], census_by_storage: dict[int, str]) -> list[tuple[str, ConsumedRecord]]:
+def name_consumed(records: list[tuple[int, ConsumedTensor]], census: dict[int, str],
+                  census_by_storage: dict[int, str]) -> list[ConsumedTensor]:
     """Census name of each recorded tensor (by exact address, then by storage), or
     ``unregistered@<module>:<op>#<arg>`` with an occurrence count for repeats."""
     seen: dict[str, int] = {}
     named = []
-    for r in records:
-        name = census.get(r.address) or census_by_storage.get(r.storage)
+    for storage, r in records:
+        name = census.get(r.address) or census_by_storage.get(storage)
         if name is None:
             base = f"unregistered@{r.module}:{r.op}#{r.arg}"
             seen[base] = seen.get(base, 0) + 1
             name = base if seen[base] == 1 else f"{base}~{seen[base]}"
-        named.append((name, r))
+        named.append(replace(r, name=name))
     return named

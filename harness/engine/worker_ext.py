@@ -8,6 +8,7 @@ from typing import Any
 
 from harness.observe import probe_linear_kernels, tensor_digest, tensor_stats, walk_model
 from harness.recorder import ConsumptionRecorder, name_consumed
+from harness.store import to_jsonable
 
 
 class RefitObserver:
@@ -69,10 +70,8 @@ class RefitObserver:
             if t.device.type != "meta" and t.numel():
                 by_address.setdefault(t.data_ptr(), entry.name)
                 by_storage.setdefault(t.untyped_storage().data_ptr(), entry.name)
-        return {"rank": int(getattr(self, "rank", 0)), "consumed": [
-            {"name": name, "op_index": r.op_index, "op": r.op, "arg": r.arg, "module": r.module, "dtype": r.dtype,
-             "shape": list(r.shape), "address": r.address, "digest": r.digest}
-            for name, r in name_consumed(recorder.records, by_address, by_storage)]}
+        return {"rank": int(getattr(self, "rank", 0)),
+                "consumed": [to_jsonable(c) for c in name_consumed(recorder.records, by_address, by_storage)]}
 
     # ---- post-load hook census ------------------------------------------------------
 

@@ -55,12 +55,16 @@ class WeightTransferPath(ReloadPath):
                 self.trainer = None
 
 
-def _transfer(backend: str, *, cuda: bool, what: str) -> type[WeightTransferPath]:
+def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[WeightTransferPath]:
+    """One path class per backend; ``fields`` overrides the trainer init fields when the
+    backend's TrainerInitInfo is not the NCCL-style (address, port, world size) one."""
     attrs = {
         "name": f"transfer_{backend}", "backend": backend, "device": "cuda" if cuda else "any",
         "requirements": EngineRequirements(kind="ray_llm", weight_transfer_backend=backend),
         "exercises": f"weight transfer, backend '{backend}': {what}",
     }
+    if fields is not None:
+        attrs["trainer_fields"] = lambda self, port, world_size: fields(port, world_size)
     return type(f"Transfer{backend.title().replace('_', '')}", (WeightTransferPath,), attrs)
 
 
@@ -70,25 +74,7 @@ TransferGloo = _transfer("gloo", cuda=False, what=(
 TransferNccl = _transfer("nccl", cuda=True, what="dense NCCL broadcast from the trainer, layerwise reload on receive")
 TransferSparseNccl = _transfer("sparse_nccl", cuda=True, what="sparse patches (changed elements only) over NCCL, applied in place")
 TransferNcclM2n = _transfer("nccl_m2n", cuda=True, what="M-to-N resharding over NCCL")
-
-
-class TransferIpc(WeightTransferPath):
-    name = "transfer_ipc"
-    backend = "ipc"
-    device = "cuda"
-    requirements = EngineRequirements(kind="ray_llm", weight_transfer_backend="ipc")
-    exercises = "weight transfer, backend 'ipc': CUDA IPC handles to a colocated trainer's tensors"
-
-    def trainer_fields(self, port, world_size):
-        return {"rank": 0}
-
-
-class TransferShardedRdt(WeightTransferPath):
-    name = "transfer_sharded_rdt"
-    backend = "sharded_rdt"
-    device = "cuda"
-    requirements = EngineRequirements(kind="ray_llm", weight_transfer_backend="sharded_rdt")
-    exercises = "weight transfer, backend 'sharded_rdt': consumers pull sharded tensors over Ray direct transport"
-
-    def trainer_fields(self, port, world_size):
-        return {"rank": 0, "num_consumers": world_size - 1}
+TransferIpc = _transfer("ipc", cuda=True, what="CUDA IPC handles to a colocated trainer's tensors",
+                        fields=lambda port, world_size: {"rank": 0})
+TransferShardedRdt = _transfer("sharded_rdt", cuda=True, what="consumers pull sharded tensors over Ray direct transport",
+                               fields=lambda port, world_size: {"rank": 0, "num_consumers": world_size - 1})

@@ -19,9 +19,19 @@ pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
+def _engine_cores(pid: int) -> list[int]:
+    """Descendants of ``pid`` that vLLM titled ``VLLM::EngineCore``."""
+    found, todo = [], [pid]
+    while todo:
+        children = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
+        for child in map(int, children):
+            todo.append(child)
+            try:
+                if "EngineCore" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+                    found.append(child)
+            except OSError:
+                pass
+    return found
 
 
 def _arm_pid(out: Path, arm: str) -> int | None:
@@ -46,8 +56,8 @@ def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     while time.monotonic() < deadline and proc.poll() is None and killed is None:
         if victim_log.exists() and "observe cold_dummy" in victim_log.read_text(errors="replace"):
             arm = _arm_pid(out, "subject-dummy_start")
-            engines = _children(arm) if arm else []
-            if engines:  # the engine core, a child of the arm process: crash it mid-run
+            engines = _engine_cores(arm) if arm else []
+            if engines:  # crash the arm's engine core mid-run
                 killed = engines[0]
                 os.kill(killed, signal.SIGKILL)
         time.sleep(0.2)

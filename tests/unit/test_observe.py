@@ -32,6 +32,8 @@ class Hidden(nn.Module):
         self.keyed = {"a": torch.ones(2)}
         self.quant_method = QuantMethod()
         self.bound = functools.partial(torch.add, torch.full((2,), 7.0))
+        packed = torch.full((3,), 5.0)
+        self.kernel_fn = lambda x: x @ packed  # a weight reachable only through a closure
         self.kv_cache = torch.zeros(8)  # per-step state: never part of the census
         self.input_size_per_partition = 4
         self.params_dtype = torch.float32
@@ -46,6 +48,7 @@ def test_walk_reaches_hidden_tensors():
         "0.listed[0]": "attribute", "0.listed[1][0]": "attribute", "0.keyed['a']": "attribute",
         "0.quant_method.workspace": "object", "0.quant_method.kernel.scale": "object",
         "0.quant_method.kernel.strides[0]": "object", "0.bound<partial>.args[0]": "closure",
+        "0.kernel_fn<closure>.packed": "closure",
         "0.packed": "attribute",
     }
     for name, kind in expected.items():
