@@ -129,9 +129,12 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
                  + (f" - {result.error}" if result.error else ""))
 
     if fan is None:
+        from harness.engine.fanout import cpu_thread_env
+
+        env = cpu_thread_env(1, spec.engine.tensor_parallel_size)
         for arm in todo:
             started(arm)
-            finished(arm, run_arm(arm, out))
+            finished(arm, run_arm(arm, out, env))
     elif todo:
         from harness.engine.fanout import run_arms
 

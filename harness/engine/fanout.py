@@ -39,13 +39,25 @@ def arm_resources(arm: ArmPlan, fan: FanoutSpec) -> dict:
     return res
 
 
-def cpu_thread_env(concurrent: int) -> dict[str, str]:
-    """On CPU, arms that share the machine must not all pin core 0 (vLLM's auto binding);
-    every arm of a run gets the same thread count so their numerics match."""
-    if cuda_available() or concurrent <= 1:
+def cpu_thread_env(concurrent: int, tensor_parallel_size: int) -> dict[str, str]:
+    """OpenMP placement of CPU engines; every arm of a run gets the same, so numerics match.
+
+    - TP > 1: vLLM's auto binding refuses several ranks on one NUMA node ("Not enough
+      allowed NUMA nodes ... bind threads manually"), so the cores are split among ranks
+      by hand, e.g. ``0|1`` for TP 2 on 2 cores.
+    - Several arms at once: vLLM's auto binding would pin every arm to core 0.
+    """
+    if cuda_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return {}
-    threads = max(1, (os.cpu_count() or 1) // concurrent)
-    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+    cpus = os.cpu_count() or 1
+    if tensor_parallel_size > 1:
+        per_rank = max(1, cpus // tensor_parallel_size)
+        spans = [(r * per_rank) % cpus for r in range(tensor_parallel_size)]
+        return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(f"{a}-{a + per_rank - 1}" if per_rank > 1 else str(a)
+                                                      for a in spans)}
+    if concurrent <= 1:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, cpus // concurrent))}
 
 
 def local_concurrency(fan: FanoutSpec) -> int:
@@ -82,7 +94,7 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec,
                      object_store_memory=256 << 20)
     try:
         concurrent = local_concurrency(fan) if not fan.address else len(arms)
-        env = cpu_thread_env(min(concurrent, len(arms)))
+        env = cpu_thread_env(min(concurrent, len(arms)), arms[0].engine.tensor_parallel_size)
         actor_cls = ray.remote(max_restarts=0)(ArmActor)
         pending = {}
         for arm in arms:

@@ -97,3 +97,14 @@ def test_scenario_cells_are_pytest_items_with_readable_failures(tmp_path):
     cells = json.loads(reports[0].read_text())["cells"]
     assert cells == {"reload_weights[tiny-qwen3-eager-tp1]": cells["reload_weights[tiny-qwen3-eager-tp1]"]}
     assert cells["reload_weights[tiny-qwen3-eager-tp1]"]["verdict"] == "FAIL"
+
+
+def test_tp2_observes_every_rank_and_localizes_the_stale_copy_on_each(run_oracle):
+    run = run_oracle("stale-tp2", "--model", str(checkpoints.tiny_qwen3(architecture="StaleQKNormQwen3ForCausalLM")),
+                     "--tp", "2")
+    assert run.exit_code == 1, run.output
+    t = run.csv("tensors.csv")
+    stale = set(t[(t["check"] == "refit") & (t["status"] == "STALE")]["tensor"])
+    assert stale == {f"rank{r}:model.layers.{i}.self_attn.{n}_norm.weight_fp32"
+                     for r in (0, 1) for i in (0, 1) for n in ("q", "k")}
+    assert "rank0:" in run.summary["paths"]["reload_weights"]["first_divergent_kernel_input"]

@@ -73,3 +73,18 @@ def test_hub_ids_and_paths_resolve_without_download_for_local_dirs(tmp_path):
 
     assert _local_model(str(tmp_path)) == str(tmp_path)
     assert _local_model("./relative/dir") == "./relative/dir"
+
+
+def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):
+    from harness.engine import fanout
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(fanout, "cuda_available", lambda: False)
+    monkeypatch.setattr(fanout.os, "cpu_count", lambda: 2)
+    assert fanout.cpu_thread_env(1, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    assert fanout.cpu_thread_env(2, 1) == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+    assert fanout.cpu_thread_env(1, 1) == {}
+    monkeypatch.setattr(fanout.os, "cpu_count", lambda: 8)
+    assert fanout.cpu_thread_env(1, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")  # the user's own choice wins
+    assert fanout.cpu_thread_env(2, 2) == {}
