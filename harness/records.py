@@ -128,7 +128,7 @@ class ArmResult:
     """One engine lifetime: its observations, or the error that ended it."""
 
     arm: str
-    """Arm name, unique within a run, e.g. ``reference``, ``subject/reload_weights``."""
+    """Arm name, unique within a run, e.g. ``reference``, ``subject-reload_weights+discard_reload``."""
     role: ArmRole
     """Reference (cold B), noise (a second cold B) or subject (warm A->B through a path)."""
     paths: tuple[str, ...]

@@ -80,7 +80,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
     for m in s.models:
         for mode in s.modes:
             for tp in s.tp_sizes:
-                for k, perturb in enumerate(s.perturbations):
+                for perturb in s.perturbations:
                     gid = f"{m.label}-{mode}-tp{tp}" + (f"-p{perturb.seed}" if len(s.perturbations) > 1 else "")
                     paths = tuple(p for p in s.paths if _keep(f"{p}[{gid}]", only, skip))
                     if not paths:

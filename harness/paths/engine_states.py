@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.paths.base import EngineRequirements, RefitTarget, ReloadPath
+from harness.paths.base import EngineRequirements, ReloadPath
 
 if TYPE_CHECKING:
     from harness.engine.handles import Engine

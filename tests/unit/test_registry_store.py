@@ -12,7 +12,7 @@ from harness.paths.base import EngineRequirements
 from harness.spec import RunSpec
 
 NEEDS = (EngineRequirements(), ("B", "B", "B_control", "A"))
-from tests.records import obs, output, subject, B
+from tests.records import output, subject
 
 
 def test_registry_is_lazy_strict_and_lists_names():

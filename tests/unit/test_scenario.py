@@ -4,7 +4,7 @@ from harness.report.matrix import matrix_summary
 from harness.scenario import ModelRef, ScenarioSpec, expand
 from harness.spec import PerturbSpec
 from harness.verdict import Verdict, VerdictStatus
-from tests.records import obs, tensor
+from tests.records import obs
 
 MATRIX = ScenarioSpec(name="m", description="", models=(ModelRef("tiny", builder="tiny-qwen3"), ModelRef("big", path="/m")),
                       paths=("reload_weights", "transfer_gloo"), modes=("eager", "compiled"), tp_sizes=(1, 2))
