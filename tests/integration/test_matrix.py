@@ -19,25 +19,19 @@ pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _engine_cores(pid: int) -> list[int]:
-    """Descendants of ``pid`` that vLLM titled ``VLLM::EngineCore``."""
-    found, todo = [], [pid]
-    while todo:
-        children = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
-        for child in map(int, children):
-            todo.append(child)
-            try:
-                if "EngineCore" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
-                    found.append(child)
-            except OSError:
-                pass
-    return found
+def _engine_core_of(arm_plan: Path):
+    """The ``VLLM::EngineCore`` process under the arm running ``arm_plan``, once it exists."""
+    import psutil
 
-
-def _arm_pid(out: Path, arm: str) -> int | None:
-    found = subprocess.run(["pgrep", "-f", f"arm_process {out}/arms/{arm}.plan.json"], capture_output=True, text=True)
-    pids = [int(x) for x in found.stdout.split()]
-    return pids[0] if pids else None
+    for proc in psutil.process_iter(["cmdline"]):
+        if f"arm_process {arm_plan}" in " ".join(proc.info["cmdline"] or []):
+            for child in proc.children(recursive=True):
+                try:
+                    if "EngineCore" in " ".join(child.cmdline()):
+                        return child
+                except psutil.Error:
+                    continue
+    return None
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -51,16 +45,16 @@ def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
            "--paths", "reload_weights,dummy_start", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     victim_log = out / "arms" / "subject-dummy_start.log"
-    killed = None
+    killed = engine = None
     deadline = time.monotonic() + 600
+    # The arm's steps take a second or two once its engine is up: find the engine core
+    # early, then crash it the moment the arm has observed its cold state.
     while time.monotonic() < deadline and proc.poll() is None and killed is None:
-        if victim_log.exists() and "observe cold_dummy" in victim_log.read_text(errors="replace"):
-            arm = _arm_pid(out, "subject-dummy_start")
-            engines = _engine_cores(arm) if arm else []
-            if engines:  # crash the arm's engine core mid-run
-                killed = engines[0]
-                os.kill(killed, signal.SIGKILL)
-        time.sleep(0.2)
+        engine = engine or _engine_core_of(out / "arms" / "subject-dummy_start.plan.json")
+        if engine and victim_log.exists() and "observe cold_dummy" in victim_log.read_text(errors="replace"):
+            os.kill(engine.pid, signal.SIGKILL)
+            killed = engine.pid
+        time.sleep(0.02)
     output = proc.communicate(timeout=900)[0]
     assert killed is not None, output
     assert proc.returncode == 2, output  # an infrastructure error, and the report is still written
