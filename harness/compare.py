@@ -234,12 +234,13 @@ def control_targets(checkpoint_tensor: str, packed_modules_mapping: tuple[tuple[
 
 def compare_control(checkpoint_tensor: str, control: Observation, baseline: Observation,
                     logprob_floor: float, noise: Observation | None = None,
-                    reference: Observation | None = None) -> ControlOutcome:
+                    reference: Observation | None = None, noisy: frozenset[str] = frozenset()) -> ControlOutcome:
     """``control`` is warm B', ``baseline`` warm B in the same engine: only the planted
-    difference separates them. Kernel inputs that differ between the two cold references
-    (``noise`` vs ``reference``) carry no information and are skipped."""
-    diffs = compare_tensors("refit", control, baseline)
-    changed = tuple(d.tensor for d in diffs if d.status is not TensorStatus.OK and d.status is not TensorStatus.REBOUND)
+    difference separates them. Tensors and kernel inputs that differ between the two cold
+    references (``noisy``; ``noise`` vs ``reference``) carry no information and are skipped:
+    an opaque kernel handle rebuilt by the reload must not count as seeing the control."""
+    diffs = compare_tensors("refit", control, baseline, noisy=noisy)
+    changed = tuple(d.tensor for d in diffs if d.status not in (TensorStatus.OK, TensorStatus.REBOUND, TensorStatus.NOISY))
     targets = control_targets(checkpoint_tensor, control.model.packed_modules_mapping)
     localized = tuple(n for n in changed if any(_belongs(n, t) for t in targets))
     token_diffs = compare_outputs("refit", control, baseline)
@@ -390,6 +391,6 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
     if "warm_B_control" in obs and "warm_B" in obs:
         floor = logprob_atol + max((d.max_logprob_diff for d in noise_tokens.values()), default=0.0)
         control = compare_control(control_tensor, obs["warm_B_control"], obs["warm_B"], floor,
-                                  noise=_first_obs(noise), reference=ref)
+                                  noise=_first_obs(noise), reference=ref, noisy=noisy)
     return PathComparison(path=path, tensors=tuple(tensors), tokens=tuple(tokens), control=control,
                           errors=errors, missing_observations=missing, consumed=consumed, hooks=hooks, notes=notes)

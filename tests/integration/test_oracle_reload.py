@@ -48,7 +48,8 @@ def test_stock_qwen3_passes_every_cpu_path_with_control_detected(stock):
         assert paths[name]["verdict"] == "PASS", (name, paths[name]["reasons"])
         assert paths[name]["positive_control"]["detected"] and paths[name]["positive_control"]["tokens_moved"]
     refit = rows(stock, "tensors.csv", check="refit")
-    assert set(refit["status"]) <= {"OK", "REBOUND"}
+    assert set(refit["status"]) <= {"OK", "REBOUND", "NOISY"}  # NOISY: oneDNN handle pointers
+    assert set(refit[refit["status"] == "NOISY"]["tensor"].str.split("<").str[1]) == {"closure>.handler.handler_tensor"}
     assert rows(stock, "tokens.csv", check="refit")["first_divergence"].isna().all()
 
 

@@ -110,3 +110,17 @@ def test_shared_engine_segments_use_the_state_before_each_segment_as_witness():
     assert refit(c1)["norm"] is TensorStatus.STALE
     assert refit(c2)["norm"] is TensorStatus.STALE  # equal to p1/warm_A, the state p2 started from
     assert {d.tensor for d in c1.tensors if d.check == "round_trip" and d.status is not TensorStatus.OK} == {"norm"}
+
+
+def test_noisy_handles_cannot_stand_in_for_the_control():
+    # The reload rebuilt the target module's opaque kernel handle (new pointer), but the
+    # scaled weight itself never reached the kernel: that is not a detection.
+    handle = "model.layers.0.self_attn.qkv_proj.cpu_linear<closure>.handler.handler_tensor"
+    probe = "model.layers.0.self_attn.qkv_proj.<kernel-output>"
+    base = obs("warm_B", {handle: "ptr1", probe: "k"})
+    control = obs("warm_B_control", {handle: "ptr2", probe: "k"})
+    name = "model.layers.0.self_attn.q_proj.weight"
+    fooled = compare_control(name, control, base, 1e-4)
+    assert fooled.detected  # without the noise floor, the handle looks like a detection
+    honest = compare_control(name, control, base, 1e-4, noisy=frozenset({handle}))
+    assert not honest.detected and honest.changed == ()
