@@ -246,11 +246,12 @@ def compare_control(checkpoint_tensor: str, control: Observation, baseline: Obse
     token_diffs = compare_outputs("refit", control, baseline)
     shift = max((d.max_logprob_diff for d in token_diffs), default=0.0)
     moved = any(d.first_divergence is not None for d in token_diffs) or shift > logprob_floor
-    noisy = {k for k, d in _consumed_by_key(noise).items()
-             if (r := _consumed_by_key(reference).get(k)) is not None and r.digest != d.digest}
+    ref_inputs = _consumed_by_key(reference)
+    noisy_inputs = {k for k, d in _consumed_by_key(noise).items()
+                    if (r := ref_inputs.get(k)) is not None and r.digest != d.digest}
     base = _consumed_by_key(baseline)
     first = next((c.name for k, c in _consumed_by_key(control).items()
-                  if k not in noisy and k in base and base[k].digest != c.digest), None)
+                  if k not in noisy_inputs and k in base and base[k].digest != c.digest), None)
     return ControlOutcome(checkpoint_tensor=checkpoint_tensor, expected_modules=targets, changed=changed,
                           localized=localized, max_logprob_shift=shift, tokens_moved=moved, first_kernel_input=first)
 

@@ -1,24 +1,20 @@
 """Paths defined by the state the engine is in around the reload: started from dummy
-weights, prefix caching on, compiled, asleep."""
+weights, prefix caching on, compiled, asleep. Each reuses a reload path for the refit
+itself and adds only what its state needs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from harness.paths.base import EngineRequirements, ReloadPath
-
-if TYPE_CHECKING:
-    from harness.engine.handles import Engine
+from harness.paths.base import EngineRequirements
+from harness.paths.reload_weights import ReloadWeightsFromDirectory, ReloadWeightsFromIterator
 
 CPU_SLEEP = ("vLLM's CPUWorker.sleep() and wake_up() only log a warning and do nothing, so a sleep path "
              "cannot be judged on the CPU; it runs on CUDA through the cumem allocator")
 
 
-def reload(engine: Engine, checkpoint_dir: str) -> None:
-    engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
-
-
-class DummyStart(ReloadPath):
+class DummyStart(ReloadWeightsFromIterator):
+    # reload_weights(weights_path=...) asks the engine's own loader for the weights, and
+    # vLLM's dummy loader has none ("Model reloading with `dummy` format" is not
+    # implemented); in-memory tensors are how such an engine gets real weights.
     name = "dummy_start"
     exercises = ("LLM(load_format='dummy'): post-load hooks and lazy caches see random weights; then "
                  "reload_weights(weights_iterator=...) to B, as RL frameworks feed a dummy-started engine. "
@@ -26,14 +22,8 @@ class DummyStart(ReloadPath):
     requirements = EngineRequirements(load_format="dummy")
     refit_targets = ("B", "B", "B_control")  # there is no cold A to round-trip to
 
-    def refit(self, engine, checkpoint_dir, target):
-        # reload_weights(weights_path=...) asks the engine's own loader for the weights, and
-        # vLLM's dummy loader has none ("Model reloading with `dummy` format" is not
-        # implemented); in-memory tensors are how such an engine gets real weights.
-        engine.rpc("refit_harness_reload_from_iterator", {"checkpoint_dir": checkpoint_dir})
 
-
-class PrefixCacheCoherence(ReloadPath):
+class PrefixCacheCoherence(ReloadWeightsFromDirectory):
     name = "prefix_cache"
     exercises = ("enable_prefix_caching=True: the prompts run before the refit and again after it. vLLM's own "
                  "RLHF recipe (reload_weights, then LLM.reset_prefix_cache()); anything served from pre-refit KV "
@@ -41,21 +31,18 @@ class PrefixCacheCoherence(ReloadPath):
     requirements = EngineRequirements(enable_prefix_caching=True)
 
     def refit(self, engine, checkpoint_dir, target):
-        reload(engine, checkpoint_dir)
+        super().refit(engine, checkpoint_dir, target)
         engine.call("reset_prefix_cache")
 
 
-class CompiledReload(ReloadPath):
+class CompiledReload(ReloadWeightsFromDirectory):
     name = "compiled"
     exercises = ("reload_weights in a compiled engine (torch.compile; CUDA graphs on GPU), judged against the eager "
                  "cold-B reference: a compiled-vs-eager differential and an address-stability check in one")
     requirements = EngineRequirements(mode="compiled")
 
-    def refit(self, engine, checkpoint_dir, target):
-        reload(engine, checkpoint_dir)
 
-
-class SleepLevel1(ReloadPath):
+class SleepLevel1(ReloadWeightsFromDirectory):
     name = "sleep_level1"
     exercises = "sleep(level=1) offloads weights, wake_up() restores them; must equal the pre-sleep state"
     device = "cuda"
@@ -66,10 +53,10 @@ class SleepLevel1(ReloadPath):
         # Weights come back from the offload copy, then the reload to the target is layerwise.
         engine.call("sleep", level=1)
         engine.call("wake_up")
-        reload(engine, checkpoint_dir)
+        super().refit(engine, checkpoint_dir, target)
 
 
-class SleepLevel2(ReloadPath):
+class SleepLevel2(ReloadWeightsFromDirectory):
     name = "sleep_level2"
     exercises = ("sleep(level=2) discards weights; wake_up(tags=['weights']), reload_weights to the target, "
                  "wake_up(tags=['kv_cache']) (vLLM #29341: garbage after wake without a reload)")
@@ -80,5 +67,5 @@ class SleepLevel2(ReloadPath):
     def refit(self, engine, checkpoint_dir, target):
         engine.call("sleep", level=2)
         engine.call("wake_up", tags=["weights"])
-        reload(engine, checkpoint_dir)
+        super().refit(engine, checkpoint_dir, target)
         engine.call("wake_up", tags=["kv_cache"])

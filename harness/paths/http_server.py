@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from harness.paths.base import EngineRequirements, ReloadPath
+from harness.paths.base import EngineRequirements
+from harness.paths.reload_weights import ReloadWeightsFromDirectory
 
 
-class HTTPReload(ReloadPath):
+class HTTPReload(ReloadWeightsFromDirectory):
+    # The refit is the same collective_rpc; HTTPEngine sends it as POST /collective_rpc.
     name = "http_reload"
     exercises = ("vllm serve (VLLM_SERVER_DEV_MODE=1) on a loopback port: POST /collective_rpc reload_weights, "
                  "generation over /v1/completions, observation through --worker-extension-cls")
     requirements = EngineRequirements(kind="http")
-
-    def refit(self, engine, checkpoint_dir, target):
-        engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
