@@ -8,10 +8,12 @@ happens, the whole process group (engine core and workers included) is killed af
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from harness import store
@@ -45,13 +47,19 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     seconds = round(time.monotonic() - started, 2)
     recorded = _read_result(result_file)
     if timed_out:
-        return _as_error(arm, recorded, f"timed out after {arm.timeout_s:.0f} s (log: {log_file})", seconds)
-    if recorded is None:
-        return _as_error(arm, None, f"arm process exited with code {proc.returncode} before writing a result; "
-                                    f"last log lines: {_tail(log_file)}", seconds)
-    if recorded.status == "ok" and proc.returncode != 0:
-        return _as_error(arm, recorded, f"arm process exited with code {proc.returncode}", seconds)
-    return recorded
+        result = _as_error(arm, recorded, f"timed out after {arm.timeout_s:.0f} s (log: {log_file})", seconds)
+    elif recorded is None:
+        result = _as_error(arm, None, f"arm process exited with code {proc.returncode} before writing a result; "
+                                      f"last log lines: {_tail(log_file)}", seconds)
+    elif recorded.status == "ok" and proc.returncode != 0:
+        result = _as_error(arm, recorded, f"arm process exited with code {proc.returncode}", seconds)
+    else:
+        result = recorded
+    if result.status == "error":
+        # Stored, so the report (which reads only the disk) says what the parent saw.
+        result = replace(result, error=with_root_cause(result.error or "", log_file))
+        store.dump(result, result_file, "arm_result")
+    return result
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -79,6 +87,24 @@ def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: f
     return ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status="error", error=message,
                      observations=observations, seconds=seconds,
                      environment=recorded.environment if recorded else ())
+
+
+# vLLM's own logger line for an exception raised in an engine process, e.g.
+# "(Worker pid=1) ERROR 11-30 03:46:22 [multiproc_executor.py:953] ValueError: Missing keys ..."
+_ENGINE_EXCEPTION = re.compile(r"\bERROR\b.*?\] ((?:\w+\.)*\w*(?:Error|Exception)\b: .+)$")
+
+
+def with_root_cause(error: str, log_file: Path) -> str:
+    """vLLM ends a failed engine start or RPC with "see root cause above": the cause is only
+    in the engine processes' log. Quote the first exception those processes logged."""
+    if "root cause" not in error:
+        return error
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return error
+    cause = next((m.group(1) for line in lines if (m := _ENGINE_EXCEPTION.search(line))), None)
+    return f"{error}; root cause in the engine log: {cause[:600]}" if cause and cause not in error else error
 
 
 def _tail(path: Path, lines: int = 3) -> str:
