@@ -349,11 +349,13 @@ def segment_observations(subject: ArmResult, path: str) -> tuple[dict[str, Obser
 
 def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noise: ArmResult | None,
                  control_tensor: str, logprob_atol: float, expected: tuple[str, ...],
-                 same_mode: bool = True) -> PathComparison:
+                 same_mode: bool = True, same_engine: bool = True) -> PathComparison:
     """All checks for one path, from the arms' records. ``expected`` lists the labels the
     plan said this path's segment would observe (without the ``path/`` prefix).
     ``same_mode`` is False when the subject runs compiled and the reference eager: their
-    recorded op sequences are different programs, so kernel inputs are not compared."""
+    recorded op sequences are different programs, so kernel inputs are not compared.
+    ``same_engine`` is False when the path starts a new engine at every refit: addresses
+    and post-load hook counts then belong to different processes and are not compared."""
     errors = tuple(f"{a.arm}: {a.error}" for a in (reference, noise, subject) if a is not None and a.status == "error")
     if reference is None or _first_obs(reference) is None:
         errors += ("reference arm (cold B) produced no observation",)
@@ -362,32 +364,37 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
     ref = _first_obs(reference)
     noisy = noisy_tensors(reference, noise)
     noise_tokens = noise_logprob_floor(reference, noise)
+    moved_from = before if same_engine else None  # addresses are comparable within one engine only
     tensors: list[TensorDiff] = []
     tokens: list[TokenDiff] = []
     if ref is not None and noise is not None and _first_obs(noise) is not None:
         tensors += compare_tensors("noise", _first_obs(noise), ref)
         tokens += noise_tokens.values()
     if ref is not None and "warm_B" in obs:
-        tensors += compare_tensors("refit", obs["warm_B"], ref, witness=before, before=before, noisy=noisy)
+        tensors += compare_tensors("refit", obs["warm_B"], ref, witness=before, before=moved_from, noisy=noisy)
         tokens += compare_outputs("refit", obs["warm_B"], ref)
     if "warm_B" in obs and "warm_B_again" in obs:
-        tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"], before=obs["warm_B"], noisy=noisy)
+        tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"],
+                                   before=obs["warm_B"] if same_engine else None, noisy=noisy)
         tokens += compare_outputs("idempotency", obs["warm_B_again"], obs["warm_B"])
     cold_a = subject.observation("cold_A")
     if cold_a is not None and "warm_A" in obs:
-        tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"), before=before,
-                                   noisy=noisy)
+        tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"),
+                                   before=moved_from, noisy=noisy)
         tokens += compare_outputs("round_trip", obs["warm_A"], cold_a)
     consumed: tuple[ConsumedDiff, ...] = ()
     hooks: tuple[HookRun, ...] = ()
     notes: tuple[str, ...] = ()
     if ref is not None and "warm_B" in obs:
         if same_mode:
-            consumed = compare_consumed(obs["warm_B"], ref, witness=before, before=before, noise=_first_obs(noise))
+            consumed = compare_consumed(obs["warm_B"], ref, witness=before, before=moved_from, noise=_first_obs(noise))
         else:
             notes = ("kernel inputs not compared: the subject runs compiled and the reference eager, so their "
                      "recorded op sequences are different programs (tensors and tokens are still compared)",)
-        hooks = hook_runs(before, obs["warm_B"], tuple(d for d in tensors if d.check == "refit"))
+        if same_engine:
+            hooks = hook_runs(before, obs["warm_B"], tuple(d for d in tensors if d.check == "refit"))
+        else:
+            notes += ("addresses and post-load hook runs not compared: the path starts a new engine at every refit",)
     control = None
     if "warm_B_control" in obs and "warm_B" in obs:
         floor = logprob_atol + max((d.max_logprob_diff for d in noise_tokens.values()), default=0.0)

@@ -63,7 +63,7 @@ class Evaluation:
         statuses = {v.status for v in self.verdicts}
         if VerdictStatus.ERROR in statuses:
             return 2
-        if statuses & {VerdictStatus.FAIL, VerdictStatus.INCONCLUSIVE}:
+        if statuses & {VerdictStatus.FAIL, VerdictStatus.INCONCLUSIVE, VerdictStatus.XPASS}:
             return 1
         return 0
 
@@ -153,6 +153,7 @@ def _finished(result_file: Path) -> bool:
 def evaluate(out: Path) -> Evaluation:
     """Judge a run from its directory alone."""
     from harness.engine.runner import arm_files
+    from harness.paths import PATHS
 
     record = store.load(RunRecord, out / "run.json", "run_record")
     results: dict[str, ArmResult] = {}
@@ -177,10 +178,12 @@ def evaluate(out: Path) -> Evaluation:
         ref_arm = next(a for a in record.plan.arms if a.role == "reference")
         same_mode = (arm.requirements.mode or arm.engine.mode) == (ref_arm.requirements.mode or ref_arm.engine.mode)
         c = compare_path(path, subject, reference, noise, record.checkpoints.control_tensor,
-                         record.spec.judge.logprob_atol, expected, same_mode=same_mode)
+                         record.spec.judge.logprob_atol, expected, same_mode=same_mode,
+                         same_engine=not arm.requirements.restarts)
         comparisons.append(c)
         device = dict(subject.environment).get("device", "cpu")
-        verdicts.append(judge(c, record.spec.judge, rebound_fails(record.spec.judge, record.spec.engine.mode, device)))
+        verdicts.append(judge(c, record.spec.judge, rebound_fails(record.spec.judge, record.spec.engine.mode, device),
+                              known=PATHS.get(path).known_issue(device)))
     return Evaluation(record=record, arms=tuple(results.values()), comparisons=tuple(comparisons),
                       verdicts=tuple(verdicts))
 

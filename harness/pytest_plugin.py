@@ -119,6 +119,8 @@ class CellItem(pytest.Item):
         verdict = next(v for v in evaluation.verdicts if v.path == self.path_name)
         if verdict.status.value == "SKIPPED":
             pytest.skip(verdict.reasons[0] if verdict.reasons else "skipped")
+        if verdict.status.value == "XFAIL":
+            pytest.xfail(verdict.reasons[0])
         if verdict.status.value != "PASS":
             raise RefitFailure(verdict)
 

@@ -87,6 +87,23 @@ class JudgePolicy:
 
 
 @dataclass(frozen=True)
+class KnownIssue:
+    """A measured vLLM limitation a path runs into on one kind of device, like a strict
+    pytest xfail: while the failure stays inside this scope the verdict is XFAIL (it does
+    not fail the run); once it no longer reproduces the verdict is XPASS, which does."""
+
+    device: Literal["cpu", "cuda"]
+    """Where it applies (the arm's recorded device)."""
+    reason: str
+    """What goes wrong and why, as measured; shown with the verdict."""
+    tensor_kinds: tuple[str, ...] = ()
+    """Census kinds whose failing tensors it explains (``kernel`` for kernel probes). A
+    failing tensor of another kind, or a failing kernel input, is a real FAIL."""
+    error_contains: str | None = None
+    """Text of the arm error it explains; any other error is a real ERROR."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One oracle run: checkpoints, paths and settings."""
 

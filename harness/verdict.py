@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from harness.compare import PathComparison, TensorDiff, TensorStatus, TokenDiff
-from harness.spec import JudgePolicy, Mode
+from harness.spec import JudgePolicy, KnownIssue, Mode
 
 
 class VerdictStatus(str, Enum):
@@ -15,6 +15,8 @@ class VerdictStatus(str, Enum):
     INCONCLUSIVE = "INCONCLUSIVE"
     SKIPPED = "SKIPPED"
     ERROR = "ERROR"
+    XFAIL = "XFAIL"    # failed, entirely inside a known issue of this path on this device
+    XPASS = "XPASS"    # a known issue no longer reproduces: the expectation is out of date
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Verdict:
     path: str
     """Reload path name."""
     status: VerdictStatus
-    """PASS, FAIL, INCONCLUSIVE, SKIPPED or ERROR."""
+    """PASS, FAIL, INCONCLUSIVE, SKIPPED, ERROR, XFAIL or XPASS."""
     reasons: tuple[str, ...]
     """Why, most important first; empty only for a clean PASS."""
     first_divergent_tensor: str | None = None
@@ -50,7 +52,8 @@ def rebound_fails(policy: JudgePolicy, mode: Mode, device: str) -> bool:
     return policy.rebound == "fail"
 
 
-def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool) -> Verdict:
+def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool, known: KnownIssue | None = None) -> Verdict:
+    """``known``: the path's known issue on the device the subject ran on, if any."""
     # A moved address matters only for what a kernel reads; when the forward was recorded,
     # REBOUND counts only for consumed tensors (vLLM rebuilds some CPU-side scalars no op reads).
     consumed = {d.tensor for d in c.consumed}
@@ -92,13 +95,35 @@ def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool) -> Verd
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
         why = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
-        return Verdict(c.path, VerdictStatus.ERROR, tuple(why + reasons), first, first_kernel, detected)
-    if bad or kernel_bad or token_reasons:
-        return Verdict(c.path, VerdictStatus.FAIL, tuple(reasons + control_reasons), first, first_kernel, detected)
-    if control_reasons:
-        return Verdict(c.path, VerdictStatus.INCONCLUSIVE, tuple(control_reasons + reasons), first, first_kernel,
-                       detected)
-    return Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True)
+        status, reasons = VerdictStatus.ERROR, why + reasons
+    elif bad or kernel_bad or token_reasons:
+        status, reasons = VerdictStatus.FAIL, reasons + control_reasons
+    elif control_reasons:
+        status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + reasons
+    else:
+        return _against_known(Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True), known, False)
+    kinds = {d.tensor: d.kind for d in c.tensors}
+    explained = (bool(bad) and all(d.kind in known.tensor_kinds for d in bad)
+                 and all(kinds.get(d.tensor) in known.tensor_kinds for d in kernel_bad)) if known else False
+    if known and status is VerdictStatus.ERROR:
+        explained = bool(known.error_contains) and any(known.error_contains in e for e in c.errors)
+    return _against_known(Verdict(c.path, status, tuple(reasons), first, first_kernel, detected), known, explained)
+
+
+def _against_known(v: Verdict, known: KnownIssue | None, explained: bool) -> Verdict:
+    """XFAIL when the failure lies wholly inside the known issue; XPASS when it has gone."""
+    if known is None:
+        return v
+    if v.status is VerdictStatus.PASS:
+        gone = f"known issue on {known.device} did not reproduce, so the expectation is out of date: {known.reason}"
+        return replace(v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons))
+    if explained and v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
+        return replace(v, status=VerdictStatus.XFAIL, reasons=(f"known issue on {known.device}: {known.reason}",)
+                       + v.reasons)
+    if v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
+        beyond = f"beyond this path's known issue on {known.device} ({known.reason})"
+        return replace(v, reasons=(*v.reasons, beyond))
+    return v
 
 
 def _tensor_reason(check: str, diffs: list[TensorDiff]) -> str | None:

@@ -3,8 +3,8 @@
 from harness.scenario import ModelRef, ScenarioSpec
 
 TINY = ModelRef(label="tiny-qwen3", builder="tiny-qwen3")
-CPU_PATHS = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
-             "dummy_start", "prefix_cache", "compiled")
+CPU_PATHS = ("reload_weights", "reload_weights_iterator", "reload_kernel_format", "discard_reload", "transfer_gloo",
+             "http_reload", "dummy_start", "sharded_state", "prefix_cache", "compiled")
 
 
 def default() -> ScenarioSpec:

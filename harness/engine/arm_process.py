@@ -94,7 +94,14 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         for step in arm.steps:
             print(f"[{arm.name}] {step.action} {step.argument}" + (f" via {step.path}" if step.path else ""), flush=True)
             if step.action == "refit":
-                paths[step.path].refit(engine, arm.checkpoints.directory(step.argument), step.argument)
+                restart = paths[step.path].refit(engine, arm.checkpoints.directory(step.argument), step.argument)
+                if restart is not None:
+                    watchdog.set()  # the old engine's processes end on purpose
+                    engine.close()
+                    engine = None  # if the new engine fails to start, the old one is not closed twice
+                    engine = build_engine(arm, result_path.parent,
+                                          {"model": restart.model, "load_format": restart.load_format})
+                    watchdog = watch_engine_processes(lambda why: save("error", why))
             else:
                 observations.append(observe(engine, arm, step.argument))
                 # Keep what was measured; if the arm dies later, this file says so.

@@ -97,7 +97,9 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec,
         env = cpu_thread_env(min(concurrent, len(arms)), arms[0].engine.tensor_parallel_size)
         actor_cls = ray.remote(max_restarts=0)(ArmActor)
         pending = {}
-        for arm in arms:
+        # Longest first: a subject arm refits several times, a cold-B arm observes once, so a
+        # subject beside the reference, then the noise arm, saves a round on two slots.
+        for arm in sorted(arms, key=lambda a: len(a.steps), reverse=True):
             started(arm)
             actor = actor_cls.options(**arm_resources(arm, fan)).remote()
             pending[actor.run.remote(arm, workdir, env)] = (arm, actor)

@@ -31,8 +31,9 @@ from harness.spec import PromptSpec
 WORKER_EXTENSION = "harness.engine.worker_ext.RefitObserver"
 
 
-def engine_args(arm: ArmPlan) -> dict[str, Any]:
-    """``LLM(...)`` keyword arguments for an arm (also mapped to ``vllm serve`` flags)."""
+def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``LLM(...)`` keyword arguments for an arm (also mapped to ``vllm serve`` flags);
+    ``overrides`` replace some of them (a restarted engine's model and load format)."""
     e, r = arm.engine, arm.requirements
     mode = r.mode or e.mode
     args: dict[str, Any] = dict(
@@ -45,11 +46,11 @@ def engine_args(arm: ArmPlan) -> dict[str, Any]:
     )
     if r.enable_sleep_mode:
         args["enable_sleep_mode"] = True
-    return args
+    return {**args, **(overrides or {})}
 
 
-def _llm_kwargs(arm: ArmPlan) -> dict[str, Any]:
-    args = engine_args(arm)
+def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    args = engine_args(arm, overrides)
     if arm.requirements.weight_transfer_backend:
         from vllm.config import WeightTransferConfig
 
@@ -94,10 +95,10 @@ class Engine(ABC):
 
 
 class LocalEngine(Engine):
-    def __init__(self, arm: ArmPlan) -> None:
+    def __init__(self, arm: ArmPlan, overrides: dict[str, Any] | None = None) -> None:
         from vllm import LLM
 
-        self.llm = LLM(**_llm_kwargs(arm))
+        self.llm = LLM(**_llm_kwargs(arm, overrides))
 
     def rpc(self, method, kwargs=None):
         return self.llm.collective_rpc(method, kwargs=kwargs or {})
@@ -110,13 +111,17 @@ class LocalEngine(Engine):
         return getattr(self.llm, method)(*args, **kwargs)
 
     def close(self):
-        self.llm = None
+        # Shut the engine core down now, not at garbage collection: a restarted arm starts
+        # its next engine right after.
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
 
 
 class RayEngine(Engine):
     """``LLM`` in a Ray actor on a local Ray instance (started and stopped with the engine)."""
 
-    def __init__(self, arm: ArmPlan) -> None:
+    def __init__(self, arm: ArmPlan, overrides: dict[str, Any] | None = None) -> None:
         import ray
         from vllm import LLM
 
@@ -126,7 +131,7 @@ class RayEngine(Engine):
         self._ray = ray
         # The actor holds no Ray CPU: vLLM's own processes do the work; a CPU request would
         # only starve the trainer actor on a 2-core machine.
-        self.actor = ray.remote(num_cpus=0)(LLM).remote(**_llm_kwargs(arm))
+        self.actor = ray.remote(num_cpus=0)(LLM).remote(**_llm_kwargs(arm, overrides))
         self.rpc("refit_harness_ping")  # surface start-up errors here, not at the first refit
 
     def rpc(self, method, kwargs=None):
@@ -150,8 +155,9 @@ class RayEngine(Engine):
 class HTTPEngine(Engine):
     """A real ``vllm serve`` on a free loopback port."""
 
-    def __init__(self, arm: ArmPlan, log_dir: Path, startup_timeout_s: float = 300.0) -> None:
-        args = engine_args(arm)
+    def __init__(self, arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None,
+                 startup_timeout_s: float = 300.0) -> None:
+        args = engine_args(arm, overrides)
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = serve_command(args.pop("model")) + ["--host", "127.0.0.1", "--port", str(self.port)]
@@ -259,10 +265,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_engine(arm: ArmPlan, log_dir: Path) -> Engine:
+def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> Engine:
     kind = arm.requirements.kind
     if kind == "ray_llm":
-        return RayEngine(arm)
+        return RayEngine(arm, overrides)
     if kind == "http":
-        return HTTPEngine(arm, log_dir)
-    return LocalEngine(arm)
+        return HTTPEngine(arm, log_dir, overrides)
+    return LocalEngine(arm, overrides)

@@ -15,10 +15,11 @@ import os
 
 FIXTURE_ARCHITECTURES = {
     "StaleQKNormQwen3ForCausalLM": "harness.fixtures.models:StaleQKNormQwen3ForCausalLM",
-    "FixedQKNormQwen3ForCausalLM": "harness.fixtures.models:FixedQKNormQwen3ForCausalLM",
     "ReboundQKNormQwen3ForCausalLM": "harness.fixtures.models:ReboundQKNormQwen3ForCausalLM",
     "InPlaceQKNormQwen3ForCausalLM": "harness.fixtures.models:InPlaceQKNormQwen3ForCausalLM",
     "RegistryQKNormQwen3ForCausalLM": "harness.fixtures.models:RegistryQKNormQwen3ForCausalLM",
+    "InPlaceGainQwen3ForCausalLM": "harness.fixtures.models:InPlaceGainQwen3ForCausalLM",
+    "DerivedGainQwen3ForCausalLM": "harness.fixtures.models:DerivedGainQwen3ForCausalLM",
 }
 EXTRA_MODELS_ENV = "REFIT_HARNESS_MODELS"
 

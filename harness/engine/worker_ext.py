@@ -26,6 +26,36 @@ class RefitObserver:
         tensors = [item for f in sorted(Path(checkpoint_dir).glob("*.safetensors")) for item in load_file(str(f)).items()]
         self.reload_weights(weights_iterator=iter(tensors))
 
+    def refit_harness_save_kernel_state(self, directory: str) -> None:
+        """vLLM's sharded-state saver, one subdirectory per rank: the tensors exactly as this
+        rank's kernels hold them (fused, repacked, already sharded)."""
+        from pathlib import Path
+
+        own = Path(directory) / f"rank{int(getattr(self, 'rank', 0))}"
+        own.mkdir(parents=True, exist_ok=True)
+        self.save_sharded_state(path=str(own))
+
+    def refit_harness_reload_kernel_format(self, directory: str) -> None:
+        """reload_weights(is_checkpoint_format=False) fed from this rank's saved kernel state.
+
+        Only parameters are fed: vLLM's kernel-format reload resolves names with
+        ``get_parameter`` (its "TODO: buffers?"), so a buffer in the state would raise.
+        Under ``no_grad``, as an in-worker caller must: vLLM 0.32 copies with a plain
+        ``param.copy_``, which raises "a leaf Variable that requires grad is being used in an
+        in-place operation" on any parameter that requires grad (RMSNorm weights do).
+        """
+        from pathlib import Path
+
+        import torch
+        from safetensors.torch import load_file
+
+        params = {name for name, _ in self.model_runner.get_model().named_parameters()}
+        own = Path(directory) / f"rank{int(getattr(self, 'rank', 0))}"
+        tensors = [item for f in sorted(own.glob("*.safetensors")) for item in load_file(str(f)).items()
+                   if item[0] in params]
+        with torch.no_grad():
+            self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
+
     def refit_harness_census(self) -> dict[str, Any]:
         model = self.model_runner.get_model()
         self._refit_harness_watch_hooks(model)

@@ -6,9 +6,11 @@ PATHS: Registry = Registry("reload path")
 for _name, _target in {
     "reload_weights": "reload_weights:ReloadWeightsFromDirectory",
     "reload_weights_iterator": "reload_weights:ReloadWeightsFromIterator",
+    "reload_kernel_format": "reload_weights:ReloadKernelFormat",
     "discard_reload": "reload_weights:DiscardThenReload",
     "transfer_gloo": "weight_transfer:TransferGloo",
     "http_reload": "http_server:HTTPReload",
+    "sharded_state": "sharded_state:ShardedStateRoundTrip",
     "dummy_start": "engine_states:DummyStart",
     "prefix_cache": "engine_states:PrefixCacheCoherence",
     "compiled": "engine_states:CompiledReload",

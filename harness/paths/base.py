@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from harness.spec import Mode
+from harness.spec import KnownIssue, Mode
 
 if TYPE_CHECKING:
     from harness.checkpoints import CheckpointSet
@@ -45,6 +45,20 @@ class EngineRequirements:
     """Override the run's eager/compiled mode."""
     enable_sleep_mode: bool = False
     """Build the engine with ``enable_sleep_mode=True``."""
+    restarts: bool = False
+    """The path ends the engine and starts a new one at every refit: it cannot share an
+    engine, and addresses or hook counts are not comparable across its refits."""
+
+
+@dataclass(frozen=True)
+class EngineRestart:
+    """What a refit returns when it replaces the engine: the arm closes the old engine
+    and cold-starts a new one from ``model`` with ``load_format``."""
+
+    model: str
+    """Directory the new engine starts from."""
+    load_format: str
+    """``LLM(load_format=...)`` of the new engine."""
 
 
 class ReloadPath:
@@ -63,6 +77,8 @@ class ReloadPath:
     control), back to A (round trip; it also leaves the engine at A for the next path)."""
     cpu_skip_reason: ClassVar[str | None] = None
     """Why the path cannot be judged on a CPU-only machine, when that is not just CUDA."""
+    known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
+    """Measured vLLM limitations this path runs into, per device (XFAIL while they hold)."""
 
     def __init__(self, checkpoints: CheckpointSet) -> None:
         self.checkpoints = checkpoints
@@ -77,7 +93,14 @@ class ReloadPath:
             return f"{cls.name} needs CUDA; no GPU on this machine (set HARNESS_DEVICE=gpu on a GPU host)"
         return None
 
-    def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
+    @classmethod
+    def known_issue(cls, device: str) -> KnownIssue | None:
+        """The known issue for an arm's recorded device (``cpu (x86_64)``, a GPU's name...)."""
+        kind = "cpu" if device.startswith("cpu") else "cuda"
+        return next((k for k in cls.known_issues if k.device == kind), None)
+
+    def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:
+        """Update ``engine`` to ``target``; return an ``EngineRestart`` to be given a new engine."""
         raise NotImplementedError
 
     def close(self) -> None:

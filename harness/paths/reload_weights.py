@@ -3,9 +3,12 @@ iterator, and after discarding the weights."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from typing import TYPE_CHECKING
 
 from harness.paths.base import RefitTarget, ReloadPath
+from harness.spec import KnownIssue
 
 if TYPE_CHECKING:
     from harness.engine.handles import Engine
@@ -37,3 +40,38 @@ class DiscardThenReload(ReloadPath):
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
         engine.rpc("reset_weights")
         engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
+
+
+class ReloadKernelFormat(ReloadPath):
+    name = "reload_kernel_format"
+    exercises = ("reload_weights(weights_iterator=..., is_checkpoint_format=False): tensors already in the engine's "
+                 "own layout (vLLM's sharded-state saver run on this engine at each target, per rank) are copied "
+                 "into the parameters; no post-load hook runs")
+    known_issues = (KnownIssue(
+        device="cpu", tensor_kinds=("kernel",),
+        reason="vLLM's CPU backend packs each linear (and lm_head) weight into a oneDNN handle in a post-load hook, "
+               "and a kernel-format reload runs no hook: every such kernel keeps the old weights, with no error or "
+               "warning. Stock linear layers even leave their Parameter empty, so they are not fed at all "
+               "(measured on 0.32)"),)
+
+    def __init__(self, checkpoints) -> None:
+        super().__init__(checkpoints)
+        self._snapshots: str | None = None
+
+    def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
+        if self._snapshots is None:
+            self._snapshots = self._snapshot_targets(engine)
+        engine.rpc("refit_harness_reload_kernel_format", {"directory": f"{self._snapshots}/{target}"})
+
+    def _snapshot_targets(self, engine: Engine) -> str:
+        # Only the engine knows its own layout, so it is asked: a checkpoint-format reload to
+        # each target, then vLLM's saver. A goes last, leaving the engine where the segment began.
+        root = tempfile.mkdtemp(prefix="refit-harness-kernel-state-")
+        for target in sorted(set(self.refit_targets), key=lambda t: t == "A"):
+            engine.rpc("reload_weights", {"weights_path": self.checkpoints.directory(target)})
+            engine.rpc("refit_harness_save_kernel_state", {"directory": f"{root}/{target}"})
+        return root
+
+    def close(self) -> None:
+        if self._snapshots:
+            shutil.rmtree(self._snapshots, ignore_errors=True)

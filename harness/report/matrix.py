@@ -33,7 +33,7 @@ def write_matrix(out: Path, summary: dict) -> Path:
         for cell, c in summary["cells"].items())
     css = ("body{font:14px system-ui,sans-serif;margin:2rem}td,th{border:1px solid #ccd;padding:.25rem .5rem}"
            "table{border-collapse:collapse}.PASS{background:#d9f2dd}.FAIL,.ERROR{background:#f9d6d5}"
-           ".INCONCLUSIVE{background:#fbefc8}.SKIPPED{background:#e6e6e6}")
+           ".INCONCLUSIVE,.XPASS{background:#fbefc8}.SKIPPED,.XFAIL{background:#e6e6e6}")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>refit-harness: {escape(summary['scenario'])}"
             f"</title><style>{css}</style></head><body><h1>Scenario <code>{escape(summary['scenario'])}</code></h1>"
             f"<table id='cells'><tr><th>cell</th><th>verdict</th><th>report</th><th>reasons</th></tr>{rows}</table>"

@@ -53,7 +53,8 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
 
 
 def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
-    icon = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭️", "ERROR": "💥"}
+    icon = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭️", "ERROR": "💥",
+            "XFAIL": "🔕", "XPASS": "❗"}
     env = summary["environment"]
     lines = [
         "## refit-harness: warm A→B vs cold B",

@@ -16,6 +16,7 @@ CPU_PATHS = ("reload_weights", "reload_weights_iterator", "discard_reload", "tra
              "dummy_start", "prefix_cache", "compiled")
 WEIGHT_CHANGING = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
                    "dummy_start")
+KNOWN_ON_CPU = ("reload_kernel_format", "sharded_state")  # XFAIL: see each path's known issue
 GPU_ONLY = ("sleep_level1", "sleep_level2", "transfer_nccl", "transfer_ipc", "transfer_sparse_nccl",
             "transfer_sharded_rdt", "transfer_nccl_m2n")
 
@@ -38,7 +39,8 @@ def stock(run_oracle):
 
 @pytest.fixture(scope="module")
 def stale(run_oracle):
-    return run_oracle("stale", "--model", model("StaleQKNormQwen3ForCausalLM"), "--paths", ",".join(WEIGHT_CHANGING))
+    paths = WEIGHT_CHANGING + ("reload_kernel_format",)
+    return run_oracle("stale", "--model", model("StaleQKNormQwen3ForCausalLM"), "--paths", ",".join(paths))
 
 
 def test_stock_qwen3_passes_every_cpu_path_with_control_detected(stock):
@@ -48,9 +50,11 @@ def test_stock_qwen3_passes_every_cpu_path_with_control_detected(stock):
         assert paths[name]["verdict"] == "PASS", (name, paths[name]["reasons"])
         assert paths[name]["positive_control"]["detected"] and paths[name]["positive_control"]["tokens_moved"]
     refit = rows(stock, "tensors.csv", check="refit")
+    refit = refit[refit["path"].isin(CPU_PATHS)]
     assert set(refit["status"]) <= {"OK", "REBOUND", "NOISY"}  # NOISY: oneDNN handle pointers
     assert set(refit[refit["status"] == "NOISY"]["tensor"].str.split("<").str[1]) == {"closure>.handler.handler_tensor"}
-    assert rows(stock, "tokens.csv", check="refit")["first_divergence"].isna().all()
+    tokens = rows(stock, "tokens.csv", check="refit")
+    assert tokens[tokens["path"].isin(CPU_PATHS)]["first_divergence"].isna().all()
 
 
 def test_gpu_only_paths_are_skipped_with_a_reason_and_never_pass(stock):
@@ -59,7 +63,30 @@ def test_gpu_only_paths_are_skipped_with_a_reason_and_never_pass(stock):
         assert paths[name]["verdict"] == "SKIPPED", name
         assert paths[name]["reasons"] and ("CUDA" in paths[name]["reasons"][0] or "CPUWorker.sleep" in paths[name]["reasons"][0])
     html = (stock.out / "index.html").read_text()
-    assert all(f"<code>{name}</code>" in html for name in CPU_PATHS + GPU_ONLY)  # one row per path
+    assert all(f"<code>{name}</code>" in html for name in CPU_PATHS + KNOWN_ON_CPU + GPU_ONLY)  # one row per path
+
+
+def test_kernel_format_reload_leaves_exactly_the_cpu_linear_kernels_stale_a_known_issue(stock):
+    p = stock.summary["paths"]["reload_kernel_format"]
+    assert p["verdict"] == "XFAIL" and p["reasons"][0].startswith("known issue on cpu: "), p["reasons"]
+    refit = rows(stock, "tensors.csv", path="reload_kernel_format", check="refit")
+    failing = refit[refit["status"].isin(["STALE", "CORRUPT", "MISSING", "EXTRA"])]
+    linear = {f"model.layers.{i}.{m}.<kernel-output>" for i in (0, 1)
+              for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    assert set(failing["tensor"]) == linear | {"lm_head.<kernel-output>", "model.embed_tokens.<kernel-output>"}
+    assert set(failing["status"]) == {"STALE"}  # still the A weights: silently never updated
+    assert p["positive_control"]["detected"]  # the norms it does copy are updated
+
+
+def test_sharded_state_round_trip_is_refused_on_cpu_with_vllms_root_cause(stock):
+    p = stock.summary["paths"]["sharded_state"]
+    assert p["verdict"] == "XFAIL", p["reasons"]
+    assert any("root cause in the engine log: ValueError: Missing keys ('model.layers.0.self_attn.qkv_proj.weight'" in r
+               for r in p["reasons"]), p["reasons"]
+    arm = next(a for a in stock.summary["arms"] if a["paths"] == ["sharded_state"])
+    assert arm["status"] == "error"
+    subject = json_arm(stock.out / "arms" / f"{arm['arm']}.result.json")
+    assert [o["label"] for o in subject["observations"]] == ["cold_A"]  # what was measured is kept
 
 
 def test_stock_kernel_inputs_match_and_the_recorder_agrees_between_cold_starts(stock):
@@ -76,10 +103,14 @@ def test_stock_kernel_inputs_match_and_the_recorder_agrees_between_cold_starts(s
     assert [c["digest"] for c in ref if "onednn_mm" not in c["op"]] == [c["digest"] for c in noise if "onednn_mm" not in c["op"]]
 
 
-def json_obs(path: Path) -> list[dict]:
+def json_arm(path: Path) -> dict:
     import json
 
-    return json.loads(path.read_text())["data"]["observations"][0]["consumed"]
+    return json.loads(path.read_text())["data"]
+
+
+def json_obs(path: Path) -> list[dict]:
+    return json_arm(path)["observations"][0]["consumed"]
 
 
 def test_positive_control_is_the_first_divergent_kernel_input(stock):
@@ -99,6 +130,30 @@ def test_cold_start_copy_fails_every_weight_changing_path(stale):
     assert rows(stale, "tokens.csv", check="refit")["first_divergence"].notna().any()
 
 
+def test_cold_start_copy_fails_kernel_format_reload_beyond_its_known_issue(stale):
+    p = stale.summary["paths"]["reload_kernel_format"]
+    assert p["verdict"] == "FAIL" and "beyond this path's known issue on cpu" in p["reasons"][-1]
+    assert p["first_divergent_tensor"].startswith("model.layers.0.self_attn.q_norm.weight_fp32 (STALE")
+    stale_rows = rows(stale, "tensors.csv", path="reload_kernel_format", check="refit", status="STALE")
+    assert {t for t in stale_rows["tensor"] if not t.endswith("<kernel-output>")} == {
+        f"model.layers.{i}.self_attn.{n}_norm.weight_fp32" for i in (0, 1) for n in ("q", "k")}
+
+
+@pytest.mark.parametrize("architecture, verdict", [("InPlaceGainQwen3ForCausalLM", "FAIL"),
+                                                   ("DerivedGainQwen3ForCausalLM", "XPASS")])
+def test_sharded_state_round_trip_catches_a_post_load_hook_that_is_not_idempotent(run_oracle, architecture, verdict):
+    # Both keep linear weights in parameters, so the round trip really runs on the CPU: the
+    # twin comes out XPASS (the CPU known issue does not apply to it), the bug FAIL.
+    run = run_oracle(architecture, "--model", model(architecture), "--paths", "sharded_state")
+    p = run.summary["paths"]["sharded_state"]
+    assert p["verdict"] == verdict, p["reasons"]
+    assert p["positive_control"]["detected"]
+    refit = rows(run, "tensors.csv", path="sharded_state", check="refit")
+    norms = refit[refit["tensor"].str.fullmatch(r"model\.layers\.\d\.self_attn\.[qk]_norm\.weight")]
+    assert len(norms) == 4 and set(norms["status"]) == ({"CORRUPT"} if verdict == "FAIL" else {"OK"})
+    assert set(refit["status"]) - {"OK", "NOISY"} == ({"CORRUPT"} if verdict == "FAIL" else set())
+
+
 def test_census_and_recorder_name_the_same_first_divergent_input(stale):
     p = stale.summary["paths"]["reload_weights"]
     assert "in model.layers.0.self_attn.q_norm reads model.layers.0.self_attn.q_norm.weight_fp32 (STALE)" in \
@@ -111,15 +166,6 @@ def test_hook_census_shows_the_model_level_hook_never_runs_on_refit(stale):
     assert model_hook["runs_on_refit"] == 0 and "q_norm.weight_fp32" in model_hook["stale_derived"]
     quant = hooks[hooks["kind"] == "quant_method"]
     assert len(quant) and (quant["runs_on_refit"] >= 1).all()  # layerwise reload runs quant-method hooks
-
-
-def test_fixed_twin_passes_with_a_packed_control_seen_through_kernel_probes(run_oracle):
-    run = run_oracle("fixed", "--model", model("FixedQKNormQwen3ForCausalLM"),
-                     "--control-tensor", "model.layers.0.self_attn.q_proj.weight")
-    assert run.exit_code == 0, run.output
-    p = run.summary["paths"]["reload_weights"]
-    assert p["verdict"] == "PASS"
-    assert p["positive_control"]["localized_to"] == ["model.layers.0.self_attn.qkv_proj.<kernel-output>"]
 
 
 def test_copy_in_a_module_level_dict_is_found_only_by_the_recorder(run_oracle):
@@ -143,14 +189,21 @@ def test_unseen_model_with_hidden_copy_fails(run_oracle):
 @pytest.mark.parametrize("architecture, verdict", [("ReboundQKNormQwen3ForCausalLM", "FAIL"),
                                                    ("InPlaceQKNormQwen3ForCausalLM", "PASS")])
 def test_rebound_kernel_input_is_caught_and_its_in_place_twin_passes(run_oracle, architecture, verdict):
-    run = run_oracle(architecture, "--model", model(architecture), "--rebound", "fail")
+    # The in-place twin keeps the same fp32 copies current on every load, so it is also the
+    # fixed twin of the cold-start copy. The control is a packed tensor (q_proj -> qkv_proj),
+    # which only the kernel probes can see on the CPU.
+    run = run_oracle(architecture, "--model", model(architecture), "--rebound", "fail",
+                     "--control-tensor", "model.layers.0.self_attn.q_proj.weight")
     p = run.summary["paths"]["reload_weights"]
     assert p["verdict"] == verdict, p["reasons"]
+    assert p["positive_control"]["localized_to"] == ["model.layers.0.self_attn.qkv_proj.<kernel-output>"]
     copies = rows(run, "tensors.csv", check="refit")
     copies = copies[copies["tensor"].str.endswith("norm.weight_fp32")]
-    assert set(copies["status"]) == ({"REBOUND"} if verdict == "FAIL" else {"OK"})
+    assert len(copies) == 4 and set(copies["status"]) == ({"REBOUND"} if verdict == "FAIL" else {"OK"})
     if verdict == "FAIL":
         assert "reads model.layers.0.self_attn.q_norm.weight_fp32 (REBOUND)" in p["first_divergent_kernel_input"]
+    else:
+        assert run.exit_code == 0, run.output
 
 
 def test_report_rerenders_from_disk_alone(stale, tmp_path):

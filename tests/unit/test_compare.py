@@ -124,3 +124,17 @@ def test_noisy_handles_cannot_stand_in_for_the_control():
     assert fooled.detected  # without the noise floor, the handle looks like a detection
     honest = compare_control(name, control, base, 1e-4, noisy=frozenset({handle}))
     assert not honest.detected and honest.changed == ()
+
+
+def test_a_path_that_restarts_the_engine_compares_values_not_addresses():
+    from harness.compare import compare_path
+    from tests.records import A, B, EXPECTED, arm, obs, subject, tensor
+
+    moved = [tensor(n, d, address=2000) for n, d in B.items()]
+    ref, noise = arm("reference", "reference", obs("cold_B", B)), arm("noise", "noise", obs("cold_B", B))
+    subj = subject(warm_b=moved, warm_b_again=moved, warm_a=[tensor(n, d, address=3000) for n, d in A.items()])
+    same = compare_path("p", subj, ref, noise, "q_proj.weight", 1e-4, EXPECTED)
+    restarted = compare_path("p", subj, ref, noise, "q_proj.weight", 1e-4, EXPECTED, same_engine=False)
+    assert {d.status.value for d in same.tensors if d.check == "refit"} == {"REBOUND"}
+    assert {d.status.value for d in restarted.tensors if d.check != "noise"} == {"OK"}
+    assert any("new engine at every refit" in n for n in restarted.notes)

@@ -52,6 +52,12 @@ def test_matrix_exit_code_is_the_worst_cell():
     assert matrix_summary("m", [(groups[0], ok)])["cells"]["transfer_gloo[tiny-eager-tp1]"]["verdict"] == "SKIPPED"
 
 
+def test_xfail_keeps_the_run_green_and_xpass_fails_it():
+    known = _evaluation(Verdict("reload_weights", VerdictStatus.PASS, ()), Verdict("k", VerdictStatus.XFAIL, ("known",)))
+    gone = _evaluation(Verdict("k", VerdictStatus.XPASS, ("did not reproduce",)))
+    assert (known.exit_code, gone.exit_code) == (0, 1)
+
+
 def test_per_rank_observations_localize_a_bug_to_one_rank():
     # TP=2: a replicated norm reloaded with the wrong rank's slice on rank 1 only (vLLM #48025).
     names = ("model.norm.weight", "model.layers.0.self_attn.qkv_proj.<kernel-output>")

@@ -1,5 +1,5 @@
 from harness.compare import compare_path
-from harness.spec import JudgePolicy
+from harness.spec import JudgePolicy, KnownIssue
 from harness.verdict import VerdictStatus, judge, rebound_fails
 from tests.records import A, B, EXPECTED, arm, obs, output, subject, tensor
 
@@ -85,3 +85,63 @@ def test_arm_error_is_error_verdict():
     broken = arm("subject-p", "subject", obs("cold_A", A), paths=("p",), error="engine died")
     v = verdict(broken)
     assert v.status is VerdictStatus.ERROR and any("engine died" in r for r in v.reasons)
+
+
+KNOWN_STALE_KERNELS = KnownIssue(device="cpu", reason="kernels keep old weights", tensor_kinds=("kernel",))
+
+
+def with_kinds(digests: dict[str, str]) -> list:
+    return [tensor(n, d, kind="kernel" if "<kernel-output>" in n else "parameter") for n, d in digests.items()]
+
+
+def known_verdict(subj, known):
+    ref = arm("reference", "reference", obs("cold_B", with_kinds(B)))
+    noise = arm("noise", "noise", obs("cold_B", with_kinds(B)))
+    return judge(compare_path("p", subj, ref, noise, "q_proj.weight", POLICY.logprob_atol, EXPECTED), POLICY, False,
+                 known=known)
+
+
+def stale(**overrides):
+    warm = with_kinds({**B, **overrides})
+    return subject(warm_b=warm, warm_b_again=warm, outputs_b=[output(0, (1, 2, 9))])
+
+
+def test_failure_inside_a_known_issue_is_xfail_and_does_not_fail_the_run():
+    v = known_verdict(stale(**{"qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"]}), KNOWN_STALE_KERNELS)
+    assert v.status is VerdictStatus.XFAIL
+    assert v.reasons[0] == "known issue on cpu: kernels keep old weights"
+    assert v.first_divergent_tensor == "qkv_proj.<kernel-output> (STALE, refit)"
+
+
+def test_failure_beyond_the_known_issue_stays_fail():
+    v = known_verdict(stale(**{"qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"], "norm": A["norm"]}),
+                      KNOWN_STALE_KERNELS)
+    assert v.status is VerdictStatus.FAIL
+    assert "beyond this path's known issue" in v.reasons[-1]
+
+
+def test_token_divergence_alone_is_not_explained_by_a_tensor_scoped_issue():
+    v = known_verdict(stale(), KNOWN_STALE_KERNELS)
+    assert v.status is VerdictStatus.FAIL
+
+
+def test_known_issue_that_no_longer_reproduces_is_xpass():
+    v = known_verdict(subject(), KNOWN_STALE_KERNELS)
+    assert v.status is VerdictStatus.XPASS and "did not reproduce" in v.reasons[0]
+
+
+def test_known_error_is_xfail_and_any_other_error_stays_error():
+    known = KnownIssue(device="cpu", reason="the saver drops empty parameters", error_contains="Missing keys")
+    died = arm("subject-p", "subject", obs("cold_A", A), paths=("p",), error="ValueError: Missing keys ('w',)")
+    assert known_verdict(died, known).status is VerdictStatus.XFAIL
+    other = arm("subject-p", "subject", obs("cold_A", A), paths=("p",), error="engine died")
+    assert known_verdict(other, known).status is VerdictStatus.ERROR
+
+
+def test_known_issue_is_picked_by_the_recorded_device():
+    from harness.paths import PATHS
+
+    kernel_format = PATHS.get("reload_kernel_format")
+    assert kernel_format.known_issue("cpu (x86_64)").tensor_kinds == ("kernel",)
+    assert kernel_format.known_issue("NVIDIA H100 80GB HBM3") is None
+    assert PATHS.get("reload_weights").known_issue("cpu (x86_64)") is None
