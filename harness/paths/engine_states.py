@@ -44,16 +44,18 @@ class CompiledReload(ReloadWeightsFromDirectory):
 
 class SleepLevel1(ReloadWeightsFromDirectory):
     name = "sleep_level1"
-    exercises = "sleep(level=1) offloads weights, wake_up() restores them; must equal the pre-sleep state"
+    exercises = ("reload_weights to the target, then sleep(level=1) (weights offloaded) and wake_up(): each "
+                 "observation is what wake_up restored, so it must equal the pre-sleep state, which is cold B")
     device = "cuda"
     cpu_skip_reason = CPU_SLEEP
     requirements = EngineRequirements(enable_sleep_mode=True)
 
     def refit(self, engine, checkpoint_dir, target):
-        # Weights come back from the offload copy, then the reload to the target is layerwise.
+        # Reload first, so that nothing after wake_up can mask what it failed to restore; a
+        # reload_weights PASS beside this path puts a failure on sleep/wake.
+        super().refit(engine, checkpoint_dir, target)
         engine.call("sleep", level=1)
         engine.call("wake_up")
-        super().refit(engine, checkpoint_dir, target)
 
 
 class SleepLevel2(ReloadWeightsFromDirectory):
