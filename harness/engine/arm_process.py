@@ -97,7 +97,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 restart = paths[step.path].refit(engine, arm.checkpoints.directory(step.argument), step.argument)
                 if restart is not None:
                     watchdog.set()  # the old engine's processes end on purpose
-                    engine.close()
+                    engine.close(wait=True)
                     engine = None  # if the new engine fails to start, the old one is not closed twice
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
