@@ -75,12 +75,18 @@ def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
 
 
 def test_scenario_cells_are_pytest_items_with_readable_failures(tmp_path):
-    stale = checkpoints.tiny_qwen3(architecture="StaleQKNormQwen3ForCausalLM")
+    # The model is one the harness was never written for: registered with vLLM only through
+    # REFIT_HARNESS_MODELS, its final norm reads a copy hidden in a tuple attribute set with
+    # object.__setattr__ at cold start.
+    unseen = checkpoints.tiny_qwen3(architecture="HiddenFinalNormCopyQwen3")
+    env = dict(os.environ,
+               REFIT_HARNESS_MODELS="HiddenFinalNormCopyQwen3=tests.integration.unseen_models:HiddenFinalNormCopyQwen3",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     junit = tmp_path / "junit.xml"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "scenarios/", "-m", "cpu", "--refit-scenario", "smoke", "-k", "reload_weights",
-         "--refit-model", str(stale), f"--junitxml={junit}", "-p", "no:cacheprovider", "-q"],
-        capture_output=True, text=True, cwd=REPO, timeout=900)
+         "--refit-model", str(unseen), f"--junitxml={junit}", "-p", "no:cacheprovider", "-q"],
+        capture_output=True, text=True, cwd=REPO, timeout=900, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failed, 1 deselected" in proc.stdout
     assert "reload_weights: FAIL" in proc.stdout and "first divergent kernel input:" in proc.stdout
@@ -91,6 +97,11 @@ def test_scenario_cells_are_pytest_items_with_readable_failures(tmp_path):
     cells = json.loads(reports[0].read_text())["cells"]
     assert cells == {"reload_weights[tiny-qwen3-eager-tp1]": cells["reload_weights[tiny-qwen3-eager-tp1]"]}
     assert cells["reload_weights[tiny-qwen3-eager-tp1]"]["verdict"] == "FAIL"
+    import pandas as pd
+
+    tensors = pd.read_csv(reports[0].parent / "tiny-qwen3-eager-tp1" / "tensors.csv")
+    stale = tensors[(tensors["check"] == "refit") & (tensors["status"] == "STALE")]
+    assert list(stale["tensor"]) == ["model.norm._frozen[0]"]
 
 
 def test_tp2_observes_every_rank_and_localizes_the_stale_copy_on_each(run_oracle):

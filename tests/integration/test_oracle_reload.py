@@ -3,7 +3,6 @@ bugs that each detector must catch, and their fixed twins that must pass."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from harness import checkpoints
 
 pytestmark = [pytest.mark.cpu]
-REPO = Path(__file__).resolve().parents[2]
 CPU_PATHS = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
              "dummy_start", "prefix_cache", "compiled")
 WEIGHT_CHANGING = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
@@ -176,14 +174,6 @@ def test_copy_in_a_module_level_dict_is_found_only_by_the_recorder(run_oracle):
     assert p["first_divergent_kernel_input"].startswith(
         "op #24 aten.to.dtype (arg 0) in model.layers.0.self_attn.q_norm reads "
         "unregistered@model.layers.0.self_attn.q_norm:aten.to.dtype#0 (STALE)")
-
-
-def test_unseen_model_with_hidden_copy_fails(run_oracle):
-    env = {"REFIT_HARNESS_MODELS": "HiddenFinalNormCopyQwen3=tests.integration.unseen_models:HiddenFinalNormCopyQwen3",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    run = run_oracle("unseen", "--model", model("HiddenFinalNormCopyQwen3"), extra_env=env)
-    assert run.exit_code == 1, run.output
-    assert len(rows(run, "tensors.csv", check="refit", status="STALE", tensor="model.norm._frozen[0]")) == 1
 
 
 @pytest.mark.parametrize("architecture, verdict", [("ReboundQKNormQwen3ForCausalLM", "FAIL"),
