@@ -157,9 +157,7 @@ class HTTPEngine(Engine):
     def __init__(self, arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None,
                  startup_timeout_s: float = 300.0) -> None:
         args = engine_args(arm, overrides)
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        cmd = serve_command(args.pop("model")) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = serve_command(args.pop("model"))
         for key, value in args.items():
             flag = "--" + key.replace("_", "-")
             if isinstance(value, bool):
@@ -171,20 +169,34 @@ class HTTPEngine(Engine):
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
         log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(log_dir / f"{arm.name}.server.log", "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
-        self._wait_healthy(startup_timeout_s)
+        # The port is free when picked and bound only after the server's imports, seconds
+        # later; another engine can take it in between (seen once in CI). Then pick again.
+        for _ in range(3):
+            self.port = _free_port()
+            self.base = f"http://127.0.0.1:{self.port}"
+            self._log_start = os.path.getsize(self._log.name)  # this attempt's part of the log
+            self.proc = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(self.port)], stdout=self._log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
+            if self._wait_healthy(startup_timeout_s):
+                return
+        raise RuntimeError(f"vllm serve found every port it was given taken (see {self._log.name})")
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def _wait_healthy(self, timeout_s: float) -> bool:
+        """True once healthy; False if the server died because its port was taken."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                with open(self._log.name, errors="replace") as log:
+                    log.seek(self._log_start)
+                    if "Address already in use" in log.read():
+                        return False
                 raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} before becoming healthy "
                                    f"(see {self._log.name})")
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=2) as resp:
                     if resp.status == 200:
-                        return
+                        return True
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
@@ -259,9 +271,18 @@ def serve_command(model: str) -> list[str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below Linux's ephemeral range (32768+, where vLLM's own ports
+    come from) and above Ray's worker ports (10002-19999)."""
+    import random
+
+    while True:
+        port = random.randint(20000, 32767)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> Engine:
