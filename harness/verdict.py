@@ -102,12 +102,19 @@ def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool, known: 
         status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + reasons
     else:
         return _against_known(Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True), known, False)
-    kinds = {d.tensor: d.kind for d in c.tensors}
-    explained = (bool(bad) and all(d.kind in known.tensor_kinds for d in bad)
-                 and all(kinds.get(d.tensor) in known.tensor_kinds for d in kernel_bad)) if known else False
-    if known and status is VerdictStatus.ERROR:
-        explained = bool(known.error_contains) and any(known.error_contains in e for e in c.errors)
+    explained = known is not None and _explains(known, c, status, bad, kernel_bad)
     return _against_known(Verdict(c.path, status, tuple(reasons), first, first_kernel, detected), known, explained)
+
+
+def _explains(known: KnownIssue, c: PathComparison, status: VerdictStatus, bad: list[TensorDiff],
+              kernel_bad: list) -> bool:
+    """An error by its text; a failure when every failing tensor and kernel input is of a
+    kind the issue names (tokens that diverge because of them come with it)."""
+    if status is VerdictStatus.ERROR:
+        return bool(known.error_contains) and any(known.error_contains in e for e in c.errors)
+    kinds = {d.tensor: d.kind for d in c.tensors}
+    return (bool(bad) and all(d.kind in known.tensor_kinds for d in bad)
+            and all(kinds.get(d.tensor) in known.tensor_kinds for d in kernel_bad))
 
 
 def _against_known(v: Verdict, known: KnownIssue | None, explained: bool) -> Verdict:

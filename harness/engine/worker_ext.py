@@ -29,9 +29,7 @@ class RefitObserver:
     def refit_harness_save_kernel_state(self, directory: str) -> None:
         """vLLM's sharded-state saver, one subdirectory per rank: the tensors exactly as this
         rank's kernels hold them (fused, repacked, already sharded)."""
-        from pathlib import Path
-
-        own = Path(directory) / f"rank{int(getattr(self, 'rank', 0))}"
+        own = self._refit_harness_rank_dir(directory)
         own.mkdir(parents=True, exist_ok=True)
         self.save_sharded_state(path=str(own))
 
@@ -44,13 +42,11 @@ class RefitObserver:
         ``param.copy_``, which raises "a leaf Variable that requires grad is being used in an
         in-place operation" on any parameter that requires grad (RMSNorm weights do).
         """
-        from pathlib import Path
-
         import torch
         from safetensors.torch import load_file
 
         params = {name for name, _ in self.model_runner.get_model().named_parameters()}
-        own = Path(directory) / f"rank{int(getattr(self, 'rank', 0))}"
+        own = self._refit_harness_rank_dir(directory)
         tensors = [item for f in sorted(own.glob("*.safetensors")) for item in load_file(str(f)).items()
                    if item[0] in params]
         with torch.no_grad():
@@ -135,6 +131,11 @@ class RefitObserver:
                 module.process_weights_after_loading = counting(
                     module.process_weights_after_loading, lambda *a, _k=(name or "<model>", kind): _k)
                 calls.setdefault((name or "<model>", kind), 0)
+
+    def _refit_harness_rank_dir(self, directory: str):
+        from pathlib import Path
+
+        return Path(directory) / f"rank{int(getattr(self, 'rank', 0))}"
 
     def _refit_harness_kv_storages(self) -> frozenset[int]:
         # The KV cache changes with every step; it is engine state, not weights.

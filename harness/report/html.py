@@ -15,7 +15,7 @@ h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid
 table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px solid #ccd;padding:.25rem .5rem;
 text-align:left;vertical-align:top}th{background:#eef0f5}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
 .PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA{background:#f9d6d5}
-.INCONCLUSIVE,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED,.XFAIL{background:#e6e6e6}.ERROR{background:#f2c1f2}.XPASS{background:#fbefc8}
+.INCONCLUSIVE,.XPASS,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED,.XFAIL{background:#e6e6e6}.ERROR{background:#f2c1f2}
 .badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
 background:#fff5f5;margin:.5rem 0}.muted{color:#667}
 """
