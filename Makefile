@@ -23,9 +23,11 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Headless Chromium checks the HTML report; install Debian's when we can (root + apt).
+# Under CI a browser that cannot be installed fails here: a report never rendered is not a pass.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  { [ -n "$$CI" ] && { echo "chromium could not be installed, and CI must render the report" >&2; exit 1; } ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
 
 run: setup

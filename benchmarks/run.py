@@ -20,16 +20,17 @@ REPEATS = 7
 def main() -> int:
     from harness import checkpoints
     from harness.engine.handles import LocalEngine
-    from harness.plan import make_plan
     from harness.paths.base import EngineRequirements
+    from harness.pipeline import resolve_prompts
+    from harness.plan import PathNeeds, make_plan
     from harness.spec import PromptSpec, RunSpec
 
     model = str(checkpoints.tiny_qwen3())
-    spec = RunSpec(model=model)
+    spec = resolve_prompts(RunSpec(model=model))
     cs = checkpoints.CheckpointSet(a=model, b=model, b_control=model, control_tensor="")
-    arm = make_plan(spec, cs, {"reload_weights": (EngineRequirements(), ("B",))}, {}).arms[0]
+    arm = make_plan(spec, cs, {"reload_weights": PathNeeds(EngineRequirements(), ("B",))}, {}).arms[0]
     engine = LocalEngine(arm)
-    batch = PromptSpec(token_ids=spec.prompts.token_ids, max_tokens=1, logprobs=1)
+    batch = PromptSpec(token_ids=arm.prompts.token_ids, max_tokens=1, logprobs=1)
 
     def plain() -> None:
         engine.generate(batch)

@@ -36,6 +36,9 @@ class CheckpointSet:
     """Directory of B' = B with ``control_tensor`` scaled: the planted difference."""
     control_tensor: str
     """Checkpoint name of the tensor scaled in B'."""
+    b_without_control: str | None = None
+    """B with ``control_tensor`` left out, for sabotaged refits (None unless asked for):
+    a refit from it leaves that one tensor where it was."""
 
     def directory(self, key: str) -> str:
         return {"A": self.a, "B": self.b, "B_control": self.b_control}[key]
@@ -88,6 +91,28 @@ def write_derived(source: str | Path, dest: Path, weights: dict) -> Path:
     return dest
 
 
+def vocab_size(directory: str | Path) -> int | None:
+    """The model's vocabulary size from its config.json (multimodal configs nest it in
+    ``text_config``); None when the config does not say."""
+    config_file = Path(directory) / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if size else None
+
+
+def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -> Path:
+    """``source`` with one tensor left out: the checkpoint a refit that skips it would read."""
+    key = hashlib.sha256(f"{fingerprint(source)}|without|{name}".encode()).hexdigest()[:16]
+    dest = cache / "derived" / f"{Path(source).name}-without-{key}"
+    if (dest / "model.safetensors").is_file():
+        return dest
+    weights = load_weights(source)
+    weights.pop(name)
+    return write_derived(source, dest, weights)
+
+
 def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B: ``source`` with ``spec`` applied to every tensor."""
     import torch
@@ -124,14 +149,17 @@ def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT
 
 
 def prepare(model: str, target: str | None, perturb: PerturbSpec, control: ControlSpec,
-            cache: Path = DEFAULT_CACHE) -> CheckpointSet:
-    """Resolve A, make or check B, and make B'."""
+            cache: Path = DEFAULT_CACHE, sabotage: bool = False) -> CheckpointSet:
+    """Resolve A, make or check B, and make B' (and B without the control tensor, for
+    sabotaged refits)."""
     weight_files(model)
     b = Path(target) if target else perturbed(model, perturb, cache)
     weight_files(b)
     b_control = with_control(b, control, cache)
+    b_without = str(without_tensor(b, control.tensor, cache).resolve()) if sabotage else None
     return CheckpointSet(a=str(Path(model).resolve()), b=str(Path(b).resolve()),
-                         b_control=str(b_control.resolve()), control_tensor=control.tensor)
+                         b_control=str(b_control.resolve()), control_tensor=control.tensor,
+                         b_without_control=b_without)
 
 
 # ---- the embedded default model -------------------------------------------------

@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--arm-timeout", type=float, default=RunSpec.arm_timeout_s, help="seconds per engine arm")
     run.add_argument("--rebound", choices=("auto", "fail", "warn"), default=JudgePolicy.rebound,
                      help="does a kernel input whose address moved fail? auto: only compiled on a GPU")
+    run.add_argument("--sabotage", action="store_true",
+                     help="also run each path's sabotaged twin; a twin that is not caught makes the path INCONCLUSIVE")
     run.add_argument("--resume", metavar="DIR", help="finish the run in DIR (its own spec), keeping finished arms")
     run.add_argument("--executor", choices=("ray", "local"), default="ray",
                      help="ray: arms as Ray actors, independent ones at the same time; local: one by one here")
@@ -114,7 +116,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return RunSpec(model=model, target=args.target, paths=paths,
                    engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
-                   judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout)
+                   judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout, sabotage=args.sabotage)
 
 
 def run_scenario(args: argparse.Namespace, fan) -> int:

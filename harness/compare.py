@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Literal, Protocol
 
 from harness.records import ArmResult, ConsumedTensor, Observation, TensorRecord
 
@@ -20,6 +20,7 @@ class TensorStatus(str, Enum):
     MISSING = "MISSING"      # in the reference, not in the subject
     EXTRA = "EXTRA"          # in the subject, not in the reference
     NOISY = "NOISY"          # the two cold references already disagree: not judged
+    UNJUDGEABLE = "UNJUDGEABLE"  # right value, but equal before and after the refit: it could never be STALE
 
 
 @dataclass(frozen=True)
@@ -143,16 +144,48 @@ class PathComparison:
     """Post-load hooks and whether this path's refit ran them."""
     notes: tuple[str, ...] = ()
     """Checks that were not run for this path, and why."""
+    cache_hits: int | None = None
+    """Prompt tokens the prefix cache served in the observation after the refit to B
+    (None where the engine does not report them)."""
+
+
+class Digested(Protocol):
+    """What the classifier reads of a census tensor or a recorded kernel input."""
+
+    digest: str
+    dtype: str
+    shape: tuple[int, ...]
+    nan_count: int
+
+
+def _same(a: Digested, b: Digested) -> bool:
+    # A NaN is a difference even where both sides hold NaN bytes.
+    return (a.digest == b.digest and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+            and a.nan_count == 0 and b.nan_count == 0)
+
+
+def classify(subject: Digested | None, reference: Digested | None, witness: Digested | None = None, *,
+             moved: bool = False, noisy: bool = False) -> TensorStatus:
+    """The one status ladder for census tensors and kernel inputs alike. ``witness`` is the
+    value before the refit: equal to it and not to the reference is STALE; equal to both
+    is UNJUDGEABLE, since such a tensor could never have shown a refit that missed it."""
+    if subject is None:
+        return TensorStatus.MISSING
+    if reference is None:
+        return TensorStatus.EXTRA
+    if noisy:
+        return TensorStatus.NOISY
+    if _same(subject, reference):
+        if moved:
+            return TensorStatus.REBOUND
+        return TensorStatus.UNJUDGEABLE if witness is not None and _same(witness, reference) else TensorStatus.OK
+    if witness is not None and _same(subject, witness):
+        return TensorStatus.STALE
+    return TensorStatus.CORRUPT
 
 
 def _by_name(obs: Observation) -> dict[str, TensorRecord]:
     return {t.name: t for t in obs.tensors}
-
-
-def _same(a: TensorRecord, b: TensorRecord) -> bool:
-    # A NaN is a difference even where both sides hold NaN bytes.
-    return (a.digest == b.digest and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
-            and a.nan_count == 0 and b.nan_count == 0)
 
 
 def compare_tensors(check: Check, subject: Observation, reference: Observation,
@@ -171,18 +204,7 @@ def compare_tensors(check: Check, subject: Observation, reference: Observation,
     for name in names:
         s, r, w, p = subj.get(name), ref.get(name), wit.get(name), prev.get(name)
         moved = bool(s and p and s.kind != "kernel" and s.address != p.address and s.address and p.address)
-        if s is None:
-            status = TensorStatus.MISSING
-        elif r is None:
-            status = TensorStatus.EXTRA
-        elif name in noisy:
-            status = TensorStatus.NOISY
-        elif _same(s, r):
-            status = TensorStatus.REBOUND if moved else TensorStatus.OK
-        elif w is not None and _same(s, w):
-            status = TensorStatus.STALE
-        else:
-            status = TensorStatus.CORRUPT
+        status = classify(s, r, w, moved=moved, noisy=name in noisy)
         rec = s or r
         diffs.append(TensorDiff(check=check, tensor=name, kind=rec.kind, status=status,
                                 subject_digest=s.digest if s else None, reference_digest=r.digest if r else None,
@@ -302,19 +324,8 @@ def compare_consumed(subject: Observation, reference: Observation, witness: Obse
     diffs = []
     for key in list(subj) + [k for k in ref if k not in subj]:
         s, r, w, p, n = subj.get(key), ref.get(key), wit.get(key), prev.get(key), noisy.get(key)
-        if s is None:
-            status = TensorStatus.MISSING
-        elif r is None:
-            status = TensorStatus.EXTRA
-        elif n is not None and n.digest != r.digest:
-            status = TensorStatus.NOISY
-        elif s.digest == r.digest:
-            moved = p is not None and p.address != s.address and p.name == s.name
-            status = TensorStatus.REBOUND if moved else TensorStatus.OK
-        elif w is not None and s.digest == w.digest:
-            status = TensorStatus.STALE
-        else:
-            status = TensorStatus.CORRUPT
+        moved = s is not None and p is not None and p.address != s.address and p.name == s.name
+        status = classify(s, r, w, moved=moved, noisy=n is not None and r is not None and n.digest != r.digest)
         c = s or r
         diffs.append(ConsumedDiff(op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=c.name, status=status))
     return tuple(sorted(diffs, key=lambda d: d.op_index))
@@ -401,4 +412,11 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
         control = compare_control(control_tensor, obs["warm_B_control"], obs["warm_B"], floor,
                                   noise=_first_obs(noise), reference=ref, noisy=noisy)
     return PathComparison(path=path, tensors=tuple(tensors), tokens=tuple(tokens), control=control,
-                          errors=errors, missing_observations=missing, consumed=consumed, hooks=hooks, notes=notes)
+                          errors=errors, missing_observations=missing, consumed=consumed, hooks=hooks, notes=notes,
+                          cache_hits=cache_hits(obs.get("warm_B")))
+
+
+def cache_hits(observation: Observation | None) -> int | None:
+    """Prompt tokens served from the prefix cache in one observation's generation."""
+    counts = [o.cached_tokens for o in observation.outputs] if observation else []
+    return None if not counts or any(c is None for c in counts) else sum(counts)

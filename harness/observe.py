@@ -49,14 +49,20 @@ def tensor_digest(t: torch.Tensor) -> str:
     return hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest()
 
 
+def nan_count(t: torch.Tensor) -> int:
+    """NaN elements of a tensor (0 for integer and bool dtypes)."""
+    if t.device.type == "meta" or t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+        return 0
+    return int(torch.isnan(t.detach()).sum())
+
+
 def tensor_stats(t: torch.Tensor) -> tuple[int, float]:
     """(nan_count, absmax) of a tensor, cheap enough for every census entry."""
     if t.device.type == "meta" or t.numel() == 0:
         return 0, 0.0
     if t.is_floating_point() or t.is_complex():
-        nan_count = int(torch.isnan(t.detach()).sum())
         finite = torch.nan_to_num(t.detach().abs().float(), nan=0.0)
-        return nan_count, float(finite.max())
+        return nan_count(t), float(finite.max())
     return 0, float(t.detach().abs().max()) if t.dtype != torch.bool else 0.0
 
 

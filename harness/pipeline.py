@@ -6,21 +6,20 @@ what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness import checkpoints, store
 from harness.checkpoints import CheckpointSet
 from harness.compare import PathComparison, compare_path
 from harness.engine.fanout import FanoutSpec
-from harness.plan import ArmPlan, Plan, make_plan
+from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, sabotaged_twin
 from harness.records import ArmResult
-from harness.spec import RunSpec
-from harness.verdict import Verdict, VerdictStatus, judge, rebound_fails, skipped
+from harness.spec import RunSpec, shared_prefix_prompts
+from harness.verdict import Verdict, VerdictStatus, judge, judge_sabotage, rebound_fails, skipped, with_sabotage
 
 Progress = Callable[[str], None]
 
@@ -78,12 +77,19 @@ def validate(spec: RunSpec) -> None:
             PATHS.get(p)
         except UnknownName as exc:
             raise UsageError(str(exc)) from None
-    config_file = Path(spec.model) / "config.json"
-    if config_file.is_file():
-        vocab = json.loads(config_file.read_text()).get("vocab_size")
-        too_big = [t for ids in spec.prompts.token_ids for t in ids if vocab and t >= vocab]
-        if too_big:
-            raise UsageError(f"prompt token id {too_big[0]} is outside the model's vocabulary ({vocab})")
+    vocab = checkpoints.vocab_size(spec.model)
+    too_big = [t for ids in spec.prompts.token_ids or () for t in ids if vocab and t >= vocab]
+    if too_big:
+        raise UsageError(f"prompt token id {too_big[0]} is outside the model's vocabulary ({vocab})")
+
+
+def resolve_prompts(spec: RunSpec) -> RunSpec:
+    """The spec with its prompts made concrete: derived from the model's vocabulary when
+    the user gave none, so the default prompts fit any checkpoint."""
+    if spec.prompts.token_ids is not None:
+        return spec
+    vocab = checkpoints.vocab_size(spec.model) or 256
+    return replace(spec, prompts=replace(spec.prompts, token_ids=shared_prefix_prompts(vocab)))
 
 
 def prepare(spec: RunSpec, out: Path, progress: Progress) -> RunRecord:
@@ -92,13 +98,14 @@ def prepare(spec: RunSpec, out: Path, progress: Progress) -> RunRecord:
     validate(spec)
     progress("preparing checkpoints A, B and B' (positive control)")
     try:
-        cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control)
+        cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control, sabotage=spec.sabotage)
     except checkpoints.CheckpointError as exc:
         raise UsageError(str(exc)) from None
     classes = {p: PATHS.get(p) for p in spec.paths}
     unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
-    needs = {p: (cls.requirements, cls.refit_targets) for p, cls in classes.items()}
-    record = RunRecord(spec=spec, checkpoints=cs, plan=make_plan(spec, cs, needs, unavailable),
+    needs = {p: PathNeeds(cls.requirements, cls.refit_targets, cls.sabotage_targets) for p, cls in classes.items()}
+    # The record keeps the spec as asked; the plan carries the resolved prompts.
+    record = RunRecord(spec=spec, checkpoints=cs, plan=make_plan(resolve_prompts(spec), cs, needs, unavailable),
                        git_sha=_git_sha(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     store.dump(record, out / "run.json", "run_record")
     return record
@@ -164,6 +171,7 @@ def evaluate(out: Path) -> Evaluation:
     reference, noise = results.get("reference"), results.get("noise")
     comparisons, verdicts = [], []
     skipped_paths = {s.path: s.reason for s in record.plan.skipped}
+    ref_arm = next((a for a in record.plan.arms if a.role == "reference"), None)
     for path in record.spec.paths:
         if path in skipped_paths:
             verdicts.append(skipped(path, skipped_paths[path]))
@@ -173,19 +181,43 @@ def evaluate(out: Path) -> Evaluation:
         if subject is None:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
             continue
-        expected = tuple(s.argument.split("/", 1)[1] for s in arm.steps
-                         if s.action == "observe" and s.argument.startswith(f"{path}/"))
-        ref_arm = next(a for a in record.plan.arms if a.role == "reference")
-        same_mode = (arm.requirements.mode or arm.engine.mode) == (ref_arm.requirements.mode or ref_arm.engine.mode)
-        c = compare_path(path, subject, reference, noise, record.checkpoints.control_tensor,
-                         record.spec.judge.logprob_atol, expected, same_mode=same_mode,
-                         same_engine=not arm.requirements.restarts)
-        comparisons.append(c)
+        cls = PATHS.get(path)
         device = dict(subject.environment).get("device", "cpu")
-        verdicts.append(judge(c, record.spec.judge, rebound_fails(record.spec.judge, record.spec.engine.mode, device),
-                              known=PATHS.get(path).known_issue(device)))
+        # The path's own engine mode decides whether a moved address matters (a compiled
+        # path in an eager run captures graphs all the same).
+        mode = arm.requirements.mode or arm.engine.mode
+        same_mode = ref_arm is not None and mode == (ref_arm.requirements.mode or ref_arm.engine.mode)
+        fail_on_rebound = rebound_fails(record.spec.judge, mode, device)
+
+        def compared(owner: str):
+            return compare_path(owner, subject, reference, noise, record.checkpoints.control_tensor,
+                                record.spec.judge.logprob_atol, _labels(arm, owner), same_mode=same_mode,
+                                same_engine=not arm.requirements.restarts)
+
+        c = compared(path)
+        comparisons.append(c)
+        verdict = judge(c, record.spec.judge, fail_on_rebound, known=cls.known_issue(device),
+                        require_cache_hits=cls.needs_cache_hits)
+        if record.spec.sabotage:
+            twin = compared(sabotaged_twin(path))
+            comparisons.append(twin)
+            outcome = judge_sabotage(twin, judge(twin, record.spec.judge, fail_on_rebound), cls.sabotage,
+                                     cls.sabotage_evidence, record.checkpoints.control_tensor,
+                                     _packed_mapping(subject))
+            verdict = with_sabotage(verdict, outcome)
+        verdicts.append(verdict)
     return Evaluation(record=record, arms=tuple(results.values()), comparisons=tuple(comparisons),
                       verdicts=tuple(verdicts))
+
+
+def _labels(arm: ArmPlan, owner: str) -> tuple[str, ...]:
+    """Labels the plan said ``owner`` (a path or its sabotaged twin) would observe, without the prefix."""
+    return tuple(s.argument.split("/", 1)[1] for s in arm.steps
+                 if s.action == "observe" and s.argument.startswith(f"{owner}/"))
+
+
+def _packed_mapping(subject: ArmResult) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return subject.observations[0].model.packed_modules_mapping if subject.observations else ()
 
 
 def _git_sha() -> str:

@@ -11,6 +11,25 @@ from harness.records import ArmRole
 from harness.spec import EngineSpec, PromptSpec, RunSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
+SABOTAGE = "~sabotage"
+"""Suffix of a path's sabotaged twin: its observations are labelled ``<path>~sabotage/...``."""
+
+
+def sabotaged_twin(path: str) -> str:
+    return path + SABOTAGE
+
+
+@dataclass(frozen=True)
+class PathNeeds:
+    """What the planner needs to know of a path class."""
+
+    requirements: EngineRequirements
+    """How its subject engine is built (equal requirements share an engine)."""
+    refit_targets: tuple[RefitTarget, ...]
+    """Its segment's refits, in order."""
+    sabotage_targets: tuple[RefitTarget, ...] = ("B", "A")
+    """Its sabotaged twin's refits: the first is sabotaged, the rest are real refits that
+    leave the engine as the next segment expects."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +42,9 @@ class Step:
     """For ``observe``, the observation label; for ``refit``, the checkpoint key (A, B, B_control)."""
     path: str | None = None
     """Reload path of a ``refit`` step."""
+    sabotaged: bool = False
+    """Refit through the path's sabotaged twin: the one step the path exists for is
+    skipped or broken, so the check that follows must fail."""
 
 
 @dataclass(frozen=True)
@@ -78,23 +100,27 @@ class Plan:
         return next((a for a in self.arms if path in a.paths), None)
 
 
-def segment(path: str, targets: tuple[RefitTarget, ...]) -> tuple[Step, ...]:
-    """Refit/observe steps of one path; a second refit to B is observed as ``warm_B_again``."""
+def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False) -> tuple[Step, ...]:
+    """Refit/observe steps of one path; a second refit to B is observed as ``warm_B_again``.
+    ``sabotaged``: the segment of the path's sabotaged twin, whose first refit is sabotaged."""
     steps: list[Step] = []
     seen: set[str] = set()
-    for target in targets:
+    owner = sabotaged_twin(path) if sabotaged else path
+    for i, target in enumerate(targets):
         label = OBSERVATION_OF[target]
         if label in seen:
             label += "_again"
         seen.add(label)
-        steps += [Step("refit", target, path), Step("observe", f"{path}/{label}")]
+        steps += [Step("refit", target, path, sabotaged=sabotaged and i == 0), Step("observe", f"{owner}/{label}")]
     return tuple(steps)
 
 
-def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, tuple[EngineRequirements, tuple[RefitTarget, ...]]],
+def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNeeds],
               unavailable: dict[str, str]) -> Plan:
-    """``paths`` maps each requested path to its engine requirements and refit targets;
-    ``unavailable`` maps a path to the reason it cannot run on this machine."""
+    """``paths`` maps each requested path to what the planner needs of it; ``unavailable``
+    maps a path to the reason it cannot run on this machine. With ``spec.sabotage`` each
+    subject engine runs its paths' sabotaged twins after all the real segments, so a
+    sabotage can never leak into a real path's verdict."""
     common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s)
     runnable = [p for p in spec.paths if p not in unavailable]
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
@@ -106,10 +132,12 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, tuple[
             ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common)]
     groups: dict[EngineRequirements, list[str]] = {}
     for p in runnable:
-        groups.setdefault(paths[p][0], []).append(p)
+        groups.setdefault(paths[p].requirements, []).append(p)
     for requirements, members in groups.items():
         probe = ArmPlan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements, **common)
-        steps = (Step("observe", probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p][1]))
+        steps = (Step("observe", probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
+        if spec.sabotage:
+            steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
         arms.append(ArmPlan(name="subject-" + "+".join(members), role="subject", paths=tuple(members), start="A",
                             steps=steps, requirements=requirements, **common))
     return Plan(arms=tuple(arms), skipped=skipped)

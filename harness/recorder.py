@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness.observe import tensor_digest
+from harness.observe import nan_count, tensor_digest
 from harness.records import ConsumedTensor
 
 
@@ -32,7 +32,7 @@ class ConsumptionRecorder(TorchDispatchMode):
         self.records: list[tuple[int, ConsumedTensor]] = []  # (storage pointer, record)
         self._produced: set[int] = set()
         self._keep_alive: list[torch.Tensor] = []  # so ids of produced tensors are not reused
-        self._digests: dict[tuple[int, int], str] = {}
+        self._digests: dict[tuple[int, int], tuple[str, int]] = {}  # (digest, NaN count)
         self._stack: list[str] = []
         self._op_index = 0
         self._handles = []
@@ -97,12 +97,13 @@ class ConsumptionRecorder(TorchDispatchMode):
                         continue
                     key = (id(leaf), _version(leaf))
                     if key not in self._digests:
-                        self._digests[key] = tensor_digest(leaf)
+                        self._digests[key] = (tensor_digest(leaf), nan_count(leaf))
+                    digest, nans = self._digests[key]
                     # Named later, once the whole census is known (see name_consumed).
                     self.records.append((storage, ConsumedTensor(
                         name="", op_index=self._op_index, op=str(func), arg=position, module=self._stack[-1],
                         dtype=str(leaf.dtype).removeprefix("torch."), shape=tuple(leaf.shape),
-                        address=int(leaf.data_ptr()), digest=self._digests[key])))
+                        address=int(leaf.data_ptr()), digest=digest, nan_count=nans)))
             self._op_index += 1
         out = func(*args, **kwargs)
         # Track outputs even between module forwards: the runner slices hidden states

@@ -53,6 +53,9 @@ class PromptOutput:
     """Generated token ids."""
     logprobs: tuple[tuple[tuple[int, float], ...], ...]
     """Per generated position, the top-k ``(token_id, logprob)`` pairs, best first."""
+    cached_tokens: int | None = None
+    """Prompt tokens served from the prefix cache (vLLM's ``num_cached_tokens``); None
+    where the engine does not say."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class ConsumedTensor:
     """``data_ptr()`` when read."""
     digest: str
     """blake2b-128 of the bytes read."""
+    nan_count: int = 0
+    """NaN elements read (a NaN counts as a difference, as for census tensors)."""
 
 
 @dataclass(frozen=True)

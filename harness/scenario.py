@@ -54,6 +54,8 @@ class ScenarioSpec:
     """Tolerances and policies."""
     arm_timeout_s: float = 900.0
     """Per-arm timeout."""
+    sabotage: bool = True
+    """Run each path's sabotaged twin beside it (a release gate wants every PASS earned)."""
     device: Literal["cpu", "gpu"] = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
@@ -87,7 +89,8 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                         continue
                     spec = RunSpec(model=m.path or "", target=s.target, paths=paths,
                                    engine=EngineSpec(mode=mode, tensor_parallel_size=tp), prompts=s.prompts,
-                                   perturb=perturb, judge=s.judge, arm_timeout_s=s.arm_timeout_s)
+                                   perturb=perturb, judge=s.judge, arm_timeout_s=s.arm_timeout_s,
+                                   sabotage=s.sabotage)
                     groups.append(CellGroup(id=gid, model=m, spec=spec))
     return tuple(groups)
 

@@ -7,13 +7,22 @@ from typing import Literal
 
 Mode = Literal["eager", "compiled"]
 
-# Fixed token-id prompts: no tokenizer is needed, so any checkpoint works offline.
-DEFAULT_PROMPTS: tuple[tuple[int, ...], ...] = (
-    (1, 17, 42, 99, 128, 7, 300, 12),
-    (5, 5, 5, 5, 250, 251, 252, 253, 254, 255),
-    (400, 3, 77, 21, 160, 88),
-    (9, 480, 33, 2, 64, 310, 11, 45, 201, 130, 19),
-)
+# Default prompts share a prefix longer than two KV blocks (vLLM's CPU backend uses
+# 128-token blocks), so a prefix cache has whole blocks to serve after a refit.
+SHARED_PREFIX_TOKENS = 272
+PROMPT_SUFFIX_TOKENS = (8, 10, 6, 11)
+
+
+def shared_prefix_prompts(vocab_size: int, seed: int = 0) -> tuple[tuple[int, ...], ...]:
+    """Token-id prompts for any checkpoint, offline: a shared prefix and a distinct suffix
+    each, drawn deterministically from ``[1, vocab_size)`` (id 0 is often padding)."""
+    import random
+
+    if vocab_size < 2:
+        raise ValueError(f"vocabulary of {vocab_size} token(s) is too small for prompts")
+    draw = random.Random(seed)
+    prefix = tuple(draw.randrange(1, vocab_size) for _ in range(SHARED_PREFIX_TOKENS))
+    return tuple(prefix + tuple(draw.randrange(1, vocab_size) for _ in range(n)) for n in PROMPT_SUFFIX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -28,8 +37,8 @@ class EngineSpec:
     """Ranks per engine."""
     kv_cache_memory_bytes: int = 64 << 20
     """KV cache size; small so that many arms fit on a laptop-sized machine."""
-    max_model_len: int = 256
-    """Longest sequence an arm serves."""
+    max_model_len: int = 512
+    """Longest sequence an arm serves (the default prompts are ~280 tokens)."""
     max_num_seqs: int = 8
     """Batch size limit."""
     seed: int = 0
@@ -42,8 +51,9 @@ class EngineSpec:
 class PromptSpec:
     """The fixed prompts and how to decode them."""
 
-    token_ids: tuple[tuple[int, ...], ...] = DEFAULT_PROMPTS
-    """Token-id prompts; ids must be below the model's vocabulary size."""
+    token_ids: tuple[tuple[int, ...], ...] | None = None
+    """Token-id prompts; ids must be below the model's vocabulary size. None: derived from
+    the model's vocabulary when the run is prepared (``shared_prefix_prompts``)."""
     max_tokens: int = 12
     """Greedy tokens generated per prompt."""
     logprobs: int = 5
@@ -125,3 +135,6 @@ class RunSpec:
     """Tolerances and policies of the verdict."""
     arm_timeout_s: float = 900.0
     """An arm running longer than this is killed and marked ERROR."""
+    sabotage: bool = False
+    """Also run each path's sabotaged twin (the one step the path exists for, skipped or
+    broken) in the same engine. A twin that is not caught makes the path INCONCLUSIVE."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Literal
 
-from harness.compare import PathComparison, TensorDiff, TensorStatus, TokenDiff
+from harness.compare import PathComparison, TensorDiff, TensorStatus, TokenDiff, control_targets
 from harness.spec import JudgePolicy, KnownIssue, Mode
 
 
@@ -35,6 +36,26 @@ class Verdict:
     """First op of the recorded forward whose persistent input is not OK after the refit."""
     control_detected: bool | None = None
     """Whether the positive control was seen at its target (None if never run)."""
+    sabotage: SabotageOutcome | None = None
+    """Whether the path's sabotaged twin was caught (None when no twin ran)."""
+
+
+@dataclass(frozen=True)
+class SabotageOutcome:
+    """The path's sabotaged twin: the one step the path exists for, skipped or broken."""
+
+    sabotage: str
+    """What the twin breaks (the path's ``sabotage``)."""
+    evidence: Literal["tensor", "tokens"]
+    """What must show it: the left-out tensor failing, or greedy tokens diverging."""
+    planted: str | None
+    """Checkpoint tensor the twin left where it was (None for token evidence)."""
+    verdict: VerdictStatus
+    """The twin's own verdict; it must be FAIL."""
+    caught: bool
+    """FAIL, and with the evidence the sabotage plants."""
+    detail: str
+    """What caught it, or why it was not caught."""
 
 
 FAILING = (TensorStatus.STALE, TensorStatus.CORRUPT, TensorStatus.MISSING, TensorStatus.EXTRA)
@@ -52,8 +73,11 @@ def rebound_fails(policy: JudgePolicy, mode: Mode, device: str) -> bool:
     return policy.rebound == "fail"
 
 
-def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool, known: KnownIssue | None = None) -> Verdict:
-    """``known``: the path's known issue on the device the subject ran on, if any."""
+def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool, known: KnownIssue | None = None,
+          require_cache_hits: bool = False) -> Verdict:
+    """``known``: the path's known issue on the device the subject ran on, if any.
+    ``require_cache_hits``: the path proves something only if the prefix cache served
+    tokens after its refit; without hits it FAILs."""
     # A moved address matters only for what a kernel reads; when the forward was recorded,
     # REBOUND counts only for consumed tensors (vLLM rebuilds some CPU-side scalars no op reads).
     consumed = {d.tensor for d in c.consumed}
@@ -90,20 +114,85 @@ def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool, known: 
     if noisy:
         reasons.append(f"noise floor: {len(noisy)} tensor(s) differ between two cold starts on B and were not "
                        f"judged (first: {noisy[0]})")
+    unjudgeable = [d.tensor for d in c.tensors if d.check == "refit" and d.status is TensorStatus.UNJUDGEABLE]
+    if unjudgeable:
+        reasons.append(f"{len(unjudgeable)} tensor(s) UNJUDGEABLE: equal before and after the refit, so they could "
+                       f"not show a refit that missed them (first: {unjudgeable[0]})")
+    evidence_reasons = _evidence_reasons(c)
+    cache_reasons = ([f"no prefix-cache hits after the refit{' (the engine did not report them)' if c.cache_hits is None else ''}"
+                      ": a stale cache could not have been served, so the path proved nothing"]
+                     if require_cache_hits and not c.cache_hits else [])
+    reasons = cache_reasons + reasons
 
     reasons += list(c.notes)
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
         why = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
         status, reasons = VerdictStatus.ERROR, why + reasons
-    elif bad or kernel_bad or token_reasons:
+    elif bad or kernel_bad or token_reasons or cache_reasons:
         status, reasons = VerdictStatus.FAIL, reasons + control_reasons
-    elif control_reasons:
-        status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + reasons
+    elif control_reasons or evidence_reasons:
+        status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + evidence_reasons + reasons
     else:
         return _against_known(Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True), known, False)
     explained = known is not None and _explains(known, c, status, bad, kernel_bad)
     return _against_known(Verdict(c.path, status, tuple(reasons), first, first_kernel, detected), known, explained)
+
+
+def _evidence_reasons(c: PathComparison) -> list[str]:
+    """A tensor equal before and after the refit (UNJUDGEABLE) could never have shown a
+    refit that missed it; a path whose only evidence is such tensors is not a PASS."""
+    refit = [d for d in c.tensors if d.check == "refit"]
+    unjudgeable = sum(d.status is TensorStatus.UNJUDGEABLE for d in refit)
+    judged = sum(d.status in (TensorStatus.OK, TensorStatus.REBOUND) for d in refit)
+    judged += sum(d.status in (TensorStatus.OK, TensorStatus.REBOUND) for d in c.consumed)
+    if refit and not judged:
+        return [f"no judgeable evidence: none of the {len(refit)} tensor(s) differs between the weights before "
+                f"and after the refit ({unjudgeable} UNJUDGEABLE), so a refit that missed them could not be seen"]
+    return []
+
+
+def judge_sabotage(twin: PathComparison, verdict: Verdict, sabotage: str, evidence: Literal["tensor", "tokens"],
+                   planted: str | None, packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...] = ()
+                   ) -> SabotageOutcome:
+    """Was the sabotaged twin caught, with the evidence its sabotage plants? ``verdict`` is
+    the twin's own verdict (judged without known issues: the twin must fail on its own)."""
+    failing = [d for d in twin.tensors if d.check == "refit" and d.status in FAILING]
+    failing += [d for d in twin.consumed if d.status in FAILING]
+    if evidence == "tokens":
+        diverged = [d for d in twin.tokens if d.check == "refit" and d.first_divergence is not None]
+        found = (f"prompt {diverged[0].prompt} diverges from cold B at token {diverged[0].first_divergence}"
+                 if diverged else None)
+    else:
+        modules = control_targets(planted or "", packed_modules_mapping)
+        hits = [d.tensor for d in failing if any(_under(d.tensor, m) for m in modules)]
+        found = f"{hits[0]} {next(d.status.value for d in failing if d.tensor == hits[0])}" if hits else None
+    caught = verdict.status is VerdictStatus.FAIL and found is not None
+    if caught:
+        detail = f"caught: {found}"
+    elif verdict.status is VerdictStatus.FAIL:
+        detail = (f"the twin failed, but not with what its sabotage plants ({'a token divergence' if evidence == 'tokens' else planted}):"
+                  f" {verdict.reasons[0] if verdict.reasons else 'no reason'}")
+    else:
+        detail = f"the twin was {verdict.status.value}: {verdict.reasons[0] if verdict.reasons else 'nothing differed'}"
+    return SabotageOutcome(sabotage=sabotage, evidence=evidence, planted=planted, verdict=verdict.status,
+                           caught=caught, detail=detail)
+
+
+def _under(tensor: str, module: str) -> bool:
+    bare = tensor.split(":", 1)[1] if tensor.startswith("rank") and ":" in tensor else tensor
+    return bare.startswith(module + ".")
+
+
+def with_sabotage(v: Verdict, outcome: SabotageOutcome | None) -> Verdict:
+    """A PASS (or XPASS) stands only if the path's sabotaged twin was caught: otherwise this
+    path could not have failed here, and the verdict is INCONCLUSIVE."""
+    if outcome is None:
+        return v
+    if v.status in (VerdictStatus.PASS, VerdictStatus.XPASS) and not outcome.caught:
+        why = f"sabotaged twin not caught ({outcome.sabotage}): this path cannot fail here; {outcome.detail}"
+        return replace(v, status=VerdictStatus.INCONCLUSIVE, reasons=(why, *v.reasons), sabotage=outcome)
+    return replace(v, sabotage=outcome)
 
 
 def _explains(known: KnownIssue, c: PathComparison, status: VerdictStatus, bad: list[TensorDiff],

@@ -88,13 +88,16 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     watchdog = threading.Event()
     try:
         env = environment()
-        paths = {name: PATHS.get(name)(arm.checkpoints) for name in arm.paths}
+        paths = {name: PATHS.get(name)(arm.checkpoints, arm.prompts) for name in arm.paths}
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
         for step in arm.steps:
-            print(f"[{arm.name}] {step.action} {step.argument}" + (f" via {step.path}" if step.path else ""), flush=True)
+            print(f"[{arm.name}] {step.action} {step.argument}" + (f" via {step.path}" if step.path else "")
+                  + (" (sabotaged)" if step.sabotaged else ""), flush=True)
             if step.action == "refit":
-                restart = paths[step.path].refit(engine, arm.checkpoints.directory(step.argument), step.argument)
+                path = paths[step.path]
+                restart = (path.sabotaged_refit(engine, step.argument) if step.sabotaged
+                           else path.refit(engine, arm.checkpoints.directory(step.argument), step.argument))
                 if restart is not None:
                     watchdog.set()  # the old engine's processes end on purpose
                     engine.close(wait=True)

@@ -65,7 +65,9 @@ def outputs_from_request_outputs(results: list, prompts: PromptSpec) -> tuple[Pr
         per_position = tuple(
             tuple((int(tok), float(lp.logprob)) for tok, lp in sorted(pos.items(), key=lambda kv: kv[1].rank)[: prompts.logprobs])
             for pos in (completion.logprobs or []))
-        outputs.append(PromptOutput(prompt=i, token_ids=tuple(int(t) for t in completion.token_ids), logprobs=per_position))
+        cached = getattr(result, "num_cached_tokens", None)
+        outputs.append(PromptOutput(prompt=i, token_ids=tuple(int(t) for t in completion.token_ids),
+                                    logprobs=per_position, cached_tokens=int(cached) if cached is not None else None))
     return tuple(outputs)
 
 
@@ -127,10 +129,14 @@ class RayEngine(Engine):
         if not ray.is_initialized():
             ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+        from harness.paths.base import cuda_available
+        from harness.paths.weight_transfer import gpu_shares
+
         self._ray = ray
         # The actor holds no Ray CPU: vLLM's own processes do the work; a CPU request would
         # only starve the trainer actor on a 2-core machine.
-        self.actor = ray.remote(num_cpus=0)(LLM).remote(**_llm_kwargs(arm, overrides))
+        gpus, _ = gpu_shares(arm.requirements.weight_transfer_backend, arm.engine.tensor_parallel_size, cuda_available())
+        self.actor = ray.remote(num_cpus=0, num_gpus=gpus)(LLM).remote(**_llm_kwargs(arm, overrides))
         self.rpc("refit_harness_ping")  # surface start-up errors here, not at the first refit
 
     def rpc(self, method, kwargs=None):
@@ -221,13 +227,15 @@ class HTTPEngine(Engine):
             body = {"model": self._model_name(), "prompt": list(ids), "max_tokens": prompts.max_tokens,
                     "temperature": 0.0, "logprobs": prompts.logprobs, "return_tokens_as_token_ids": True,
                     "return_token_ids": True}
-            choice = self.post("/v1/completions", body)["choices"][0]
+            response = self.post("/v1/completions", body)
+            choice = response["choices"][0]
+            details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
             top = choice["logprobs"]["top_logprobs"] or []
             per_position = tuple(
                 tuple(sorted(((int(t.split(":", 1)[1]), float(lp)) for t, lp in pos.items()), key=lambda x: -x[1]))
                 for pos in top)
             outputs.append(PromptOutput(prompt=i, token_ids=tuple(int(t) for t in choice["token_ids"]),
-                                        logprobs=per_position))
+                                        logprobs=per_position, cached_tokens=details.get("cached_tokens")))
         return tuple(outputs)
 
     def _model_name(self) -> str:

@@ -158,32 +158,31 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
 
 class CheckpointSource(WeightSource):
-    """A ``WeightSource`` over a safetensors checkpoint directory (the trainer's weights)."""
+    """A ``WeightSource`` over a safetensors checkpoint directory (the trainer's weights).
 
-    def __init__(self, directory: str | Path) -> None:
+    ``device``: where the tensors are handed over; CUDA IPC shares handles to device
+    memory, so that backend needs CUDA tensors. ``exclude``: names left out of the
+    update (a sabotaged transfer)."""
+
+    def __init__(self, directory: str | Path, device: str = "cpu", exclude: tuple[str, ...] = ()) -> None:
         self.directory = Path(directory)
+        self.device = device
+        self.exclude = frozenset(exclude)
 
-    def _files(self) -> list[Path]:
-        return sorted(self.directory.glob("*.safetensors"))
+    def _names(self) -> Iterator[tuple[object, str]]:
+        from safetensors import safe_open
+
+        for f in sorted(self.directory.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as sf:
+                yield from ((sf, name) for name in sf.keys() if name not in self.exclude)
 
     def metadata(self) -> list[ParamMeta]:
-        from safetensors import safe_open
-
-        out = []
-        for f in self._files():
-            with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():
-                    sl = sf.get_slice(name)
-                    out.append(ParamMeta(name=name, dtype=_dtype(sl.get_dtype()), shape=tuple(sl.get_shape())))
-        return out
+        return [ParamMeta(name=name, dtype=_dtype(sf.get_slice(name).get_dtype()),
+                          shape=tuple(sf.get_slice(name).get_shape())) for sf, name in self._names()]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from safetensors import safe_open
-
-        for f in self._files():
-            with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():
-                    yield name, sf.get_tensor(name)
+        for sf, name in self._names():
+            yield name, sf.get_tensor(name).to(self.device)
 
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
@@ -217,7 +216,7 @@ class TrainerActor:
         self.client = RayVLLMWeightSyncClient(engine_actor)
         self.init_info = trainer_init_info(backend, init_info)
         self.backend = backend
-        self.held = CheckpointSource(engine_holds)
+        self.held = CheckpointSource(engine_holds, device=source_device(backend))
         self.engine = None
 
     def connect(self) -> None:
@@ -225,18 +224,28 @@ class TrainerActor:
 
         self.engine = WeightTransferTrainerFactory.trainer_init(self.init_info, client=self.client, source=self.held)
 
-    def send(self, checkpoint_dir: str) -> None:
-        target = CheckpointSource(checkpoint_dir)
+    def send(self, checkpoint_dir: str, exclude: tuple[str, ...] = ()) -> None:
+        """Update the engine to ``checkpoint_dir``, leaving out ``exclude`` (a sabotage)."""
+        target = CheckpointSource(checkpoint_dir, device=source_device(self.backend), exclude=exclude)
         if self.backend == "sparse_nccl":
             self.engine.send_weights(sparse_patches(self.held, target))
         else:  # full resync backends replay their source: the trainer's weights are now the target
             self.engine.source = target
             self.engine.send_weights()
-        self.held = target
+        # Every name, even one left out: the next sparse diff looks each one up here, and its
+        # patches carry absolute values, so a left-out tensor is still set right by it.
+        self.held = CheckpointSource(checkpoint_dir, device=target.device)
 
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+
+
+def source_device(backend: str) -> str:
+    """Where the trainer's tensors live: NCCL sends from device pointers and CUDA IPC
+    shares handles to device memory, so every CUDA backend needs CUDA tensors; only the
+    gloo twin sends from the host."""
+    return "cpu" if backend == "gloo" else "cuda"
 
 
 def sparse_patches(held: CheckpointSource, target: CheckpointSource) -> list:
@@ -246,7 +255,7 @@ def sparse_patches(held: CheckpointSource, target: CheckpointSource) -> list:
     old = dict(held)
     patches = []
     for name, new in target:
-        changed = (new != old[name]).reshape(-1).nonzero().reshape(-1)
+        changed = (new != old[name].to(new.device)).reshape(-1).nonzero().reshape(-1)
         if changed.numel():
             patches.append(SparseWeightPatch(name=name, indices=changed, values=new.reshape(-1)[changed],
                                              full_shape=tuple(new.shape)))

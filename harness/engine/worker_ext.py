@@ -17,13 +17,15 @@ class RefitObserver:
     def refit_harness_ping(self) -> int:
         return int(getattr(self, "rank", 0))
 
-    def refit_harness_reload_from_iterator(self, checkpoint_dir: str) -> None:
-        """reload_weights fed from memory, the way a colocated trainer hands over tensors."""
+    def refit_harness_reload_from_iterator(self, checkpoint_dir: str, exclude: list[str] | None = None) -> None:
+        """reload_weights fed from memory, the way a colocated trainer hands over tensors;
+        ``exclude``: names left out of the feed (a sabotaged refit)."""
         from pathlib import Path
 
         from safetensors.torch import load_file
 
-        tensors = [item for f in sorted(Path(checkpoint_dir).glob("*.safetensors")) for item in load_file(str(f)).items()]
+        tensors = [item for f in sorted(Path(checkpoint_dir).glob("*.safetensors")) for item in load_file(str(f)).items()
+                   if item[0] not in (exclude or ())]
         self.reload_weights(weights_iterator=iter(tensors))
 
     def refit_harness_save_kernel_state(self, directory: str) -> None:
@@ -33,8 +35,9 @@ class RefitObserver:
         own.mkdir(parents=True, exist_ok=True)
         self.save_sharded_state(path=str(own))
 
-    def refit_harness_reload_kernel_format(self, directory: str) -> None:
-        """reload_weights(is_checkpoint_format=False) fed from this rank's saved kernel state.
+    def refit_harness_reload_kernel_format(self, directory: str, exclude: list[str] | None = None) -> None:
+        """reload_weights(is_checkpoint_format=False) fed from this rank's saved kernel state,
+        without ``exclude`` (a sabotaged refit).
 
         Only parameters are fed: vLLM's kernel-format reload resolves names with
         ``get_parameter`` (its "TODO: buffers?"), so a buffer in the state would raise.
@@ -48,7 +51,7 @@ class RefitObserver:
         params = {name for name, _ in self.model_runner.get_model().named_parameters()}
         own = self._refit_harness_rank_dir(directory)
         tensors = [item for f in sorted(own.glob("*.safetensors")) for item in load_file(str(f)).items()
-                   if item[0] in params]
+                   if item[0] in params and item[0] not in (exclude or ())]
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
 

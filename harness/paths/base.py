@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from harness.spec import KnownIssue, Mode
+from harness.spec import KnownIssue, Mode, PromptSpec
 
 if TYPE_CHECKING:
     from harness.checkpoints import CheckpointSet
@@ -79,9 +79,22 @@ class ReloadPath:
     """Why the path cannot be judged on a CPU-only machine, when that is not just CUDA."""
     known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
     """Measured vLLM limitations this path runs into, per device (XFAIL while they hold)."""
+    sabotage: ClassVar[str] = ("the refit reads a copy of the target with the positive-control tensor left out, "
+                               "so that one tensor keeps its old value")
+    """What the path's sabotaged twin breaks: the one step the path exists for, skipped or
+    broken. The twin must FAIL, or the path's own PASS proves nothing."""
+    sabotage_targets: ClassVar[tuple[RefitTarget, ...]] = ("B", "A")
+    """Refits of the sabotaged twin: the first is sabotaged; the others are real refits
+    that leave the engine as the next segment expects."""
+    sabotage_evidence: ClassVar[Literal["tensor", "tokens"]] = "tensor"
+    """How a caught sabotage shows: ``tensor``, the left-out tensor (or its module's kernel)
+    fails; ``tokens``, greedy tokens diverge from cold B (state no tensor census holds)."""
+    needs_cache_hits: ClassVar[bool] = False
+    """The path is meaningful only if the prefix cache served tokens after its refit."""
 
-    def __init__(self, checkpoints: CheckpointSet) -> None:
+    def __init__(self, checkpoints: CheckpointSet, prompts: PromptSpec | None = None) -> None:
         self.checkpoints = checkpoints
+        self.prompts = prompts
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -102,6 +115,21 @@ class ReloadPath:
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:
         """Update ``engine`` to ``target``; return an ``EngineRestart`` to be given a new engine."""
         raise NotImplementedError
+
+    def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> EngineRestart | None:
+        """The refit with the path's one essential step skipped or broken (see ``sabotage``)."""
+        raise NotImplementedError(f"{self.name} declares no sabotaged refit")
+
+    @property
+    def left_out(self) -> str:
+        """The checkpoint tensor a sabotaged refit leaves where it was."""
+        return self.checkpoints.control_tensor
+
+    def without_left_out(self, target: RefitTarget) -> str:
+        """The target's checkpoint directory with ``left_out`` missing."""
+        if target != "B" or not self.checkpoints.b_without_control:
+            raise ValueError(f"no sabotaged copy of checkpoint {target} was prepared (run with sabotage on)")
+        return self.checkpoints.b_without_control
 
     def close(self) -> None:
         """Release what earlier refits set up; called even when a step failed."""

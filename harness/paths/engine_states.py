@@ -21,18 +21,29 @@ class DummyStart(ReloadWeightsFromIterator):
                  "The witness for STALE is the dummy state")
     requirements = EngineRequirements(load_format="dummy")
     refit_targets = ("B", "B", "B_control")  # there is no cold A to round-trip to
+    sabotage = "the positive-control tensor left out of the weights iterator, so it keeps its dummy value"
+    sabotage_targets = ("B",)
 
 
 class PrefixCacheCoherence(ReloadWeightsFromDirectory):
     name = "prefix_cache"
-    exercises = ("enable_prefix_caching=True: the prompts run before the refit and again after it. vLLM's own "
-                 "RLHF recipe (reload_weights, then LLM.reset_prefix_cache()); anything served from pre-refit KV "
-                 "shows as a token divergence from cold B")
+    exercises = ("enable_prefix_caching=True: the prompts (sharing a prefix of several KV blocks) run right before "
+                 "the refit to fill the cache, and after it. vLLM's own RLHF recipe (reload_weights, then "
+                 "LLM.reset_prefix_cache()); anything served from pre-refit KV shows as a token divergence from "
+                 "cold B. The path requires prefix-cache hits after the refit, or it proves nothing")
     requirements = EngineRequirements(enable_prefix_caching=True)
+    sabotage = "reload_weights without reset_prefix_cache(): KV computed with the old weights stays servable"
+    sabotage_evidence = "tokens"
+    needs_cache_hits = True
 
-    def refit(self, engine, checkpoint_dir, target):
+    def refit(self, engine, checkpoint_dir, target, reset: bool = True):
+        engine.generate(self.prompts)  # fill the cache with KV computed from the weights before the refit
         super().refit(engine, checkpoint_dir, target)
-        engine.call("reset_prefix_cache")
+        if reset:
+            engine.call("reset_prefix_cache")
+
+    def sabotaged_refit(self, engine, target):
+        self.refit(engine, self.checkpoints.directory(target), target, reset=False)
 
 
 class CompiledReload(ReloadWeightsFromDirectory):
@@ -49,6 +60,11 @@ class SleepLevel1(ReloadWeightsFromDirectory):
     device = "cuda"
     cpu_skip_reason = CPU_SLEEP
     requirements = EngineRequirements(enable_sleep_mode=True)
+    sabotage = "sleep(level=1) and wake_up() without the reload"
+
+    def sabotaged_refit(self, engine, target):
+        engine.call("sleep", level=1)
+        engine.call("wake_up")
 
     def refit(self, engine, checkpoint_dir, target):
         # Reload first, so that nothing after wake_up can mask what it failed to restore; a
@@ -66,8 +82,14 @@ class SleepLevel2(ReloadWeightsFromDirectory):
     cpu_skip_reason = CPU_SLEEP
     requirements = EngineRequirements(enable_sleep_mode=True)
 
-    def refit(self, engine, checkpoint_dir, target):
+    sabotage = "sleep(level=2) and wake_up() without the reload: the weights are whatever the woken memory holds"
+
+    def refit(self, engine, checkpoint_dir, target, reload: bool = True):
         engine.call("sleep", level=2)
         engine.call("wake_up", tags=["weights"])
-        super().refit(engine, checkpoint_dir, target)
+        if reload:
+            super().refit(engine, checkpoint_dir, target)
         engine.call("wake_up", tags=["kv_cache"])
+
+    def sabotaged_refit(self, engine, target):
+        self.refit(engine, self.checkpoints.directory(target), target, reload=False)

@@ -12,3 +12,7 @@ class HTTPReload(ReloadWeightsFromDirectory):
     exercises = ("vllm serve (VLLM_SERVER_DEV_MODE=1) on a loopback port: POST /collective_rpc reload_weights, "
                  "generation over /v1/completions, observation through --worker-extension-cls")
     requirements = EngineRequirements(kind="http")
+    sabotage = "POST /collective_rpc reload_weights with the wrong checkpoint (A, the weights it already holds)"
+
+    def sabotaged_refit(self, engine, target):
+        self.refit(engine, self.checkpoints.a, target)

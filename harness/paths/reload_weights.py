@@ -19,8 +19,14 @@ class ReloadWeightsFromDirectory(ReloadPath):
     exercises = ("collective_rpc('reload_weights', weights_path=DIR): vLLM's layerwise reload "
                  "(initialize_layerwise_reload -> model.load_weights -> finalize_layerwise_reload)")
 
+    sabotage = ("reload_weights(weights_path=...) from a copy of the target without the positive-control tensor: "
+                "vLLM warns that the layer failed to load and keeps its old value")
+
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
         engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
+
+    def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> None:
+        self.refit(engine, self.without_left_out(target), target)
 
 
 class ReloadWeightsFromIterator(ReloadPath):
@@ -28,8 +34,14 @@ class ReloadWeightsFromIterator(ReloadPath):
     exercises = ("reload_weights(weights_iterator=...) with in-memory checkpoint-format tensors, fed inside the "
                  "worker as a colocated trainer does")
 
+    sabotage = "the positive-control tensor left out of the weights iterator"
+
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
         engine.rpc("refit_harness_reload_from_iterator", {"checkpoint_dir": checkpoint_dir})
+
+    def sabotaged_refit(self, engine: Engine, target: RefitTarget):
+        engine.rpc("refit_harness_reload_from_iterator",
+                   {"checkpoint_dir": self.checkpoints.directory(target), "exclude": [self.left_out]})
 
 
 class DiscardThenReload(ReloadPath):
@@ -37,9 +49,14 @@ class DiscardThenReload(ReloadPath):
     exercises = ("collective_rpc('reset_weights') (every parameter zeroed, as when weight memory is lost), then "
                  "reload_weights from a directory: the CPU-capable stand-in for sleep level 2")
 
+    sabotage = "reset_weights, then a reload that does not reach the positive-control tensor's layer"
+
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
         engine.rpc("reset_weights")
         engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
+
+    def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> None:
+        self.refit(engine, self.without_left_out(target), target)
 
 
 class ReloadKernelFormat(ReloadPath):
@@ -54,14 +71,20 @@ class ReloadKernelFormat(ReloadPath):
                "warning. Stock linear layers even leave their Parameter empty, so they are not fed at all "
                "(measured on 0.32)"),)
 
-    def __init__(self, checkpoints) -> None:
-        super().__init__(checkpoints)
+    sabotage = "the positive-control tensor left out of the kernel-format feed"
+
+    def __init__(self, checkpoints, prompts=None) -> None:
+        super().__init__(checkpoints, prompts)
         self._snapshots: str | None = None
 
-    def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
+    def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget, exclude: tuple[str, ...] = ()) -> None:
         if self._snapshots is None:
             self._snapshots = self._snapshot_targets(engine)
-        engine.rpc("refit_harness_reload_kernel_format", {"directory": f"{self._snapshots}/{target}"})
+        engine.rpc("refit_harness_reload_kernel_format", {"directory": f"{self._snapshots}/{target}",
+                                                          "exclude": list(exclude)})
+
+    def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> None:
+        self.refit(engine, self.checkpoints.directory(target), target, exclude=(self.left_out,))
 
     def _snapshot_targets(self, engine: Engine) -> str:
         # Only the engine knows its own layout, so it is asked: a checkpoint-format reload to

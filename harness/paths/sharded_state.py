@@ -33,13 +33,23 @@ class ShardedStateRoundTrip(ReloadWeightsFromIterator):
                "the sharded-state saver skips empty tensors, so the saved state has no linear weights and the "
                "new engine refuses to start from it (\"Missing keys ... in loaded state\", measured on 0.32)"),)
 
-    def __init__(self, checkpoints) -> None:
-        super().__init__(checkpoints)
+    sabotage = "the positive-control tensor left out of the feed before the state is saved"
+    sabotage_targets = ("B",)
+
+    def __init__(self, checkpoints, prompts=None) -> None:
+        super().__init__(checkpoints, prompts)
         self._root = Path(tempfile.mkdtemp(prefix="refit-harness-sharded-state-"))
         self._saved = 0
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart:
         super().refit(engine, checkpoint_dir, target)
+        return self._save_and_restart(engine, checkpoint_dir, target)
+
+    def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> EngineRestart:
+        super().sabotaged_refit(engine, target)
+        return self._save_and_restart(engine, self.checkpoints.directory(target), target)
+
+    def _save_and_restart(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart:
         self._saved += 1
         state = self._root / f"{self._saved}-{target}"
         state.mkdir()

@@ -10,27 +10,43 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from harness.paths.base import EngineRequirements, ReloadPath
+from harness.paths.base import EngineRequirements, ReloadPath, cuda_available
+
+
+def gpu_shares(backend: str | None, tensor_parallel_size: int, cuda: bool) -> tuple[float, float]:
+    """GPUs Ray gives the engine actor and the trainer actor. Ray hides CUDA from an actor
+    that requests none, so on CUDA both must ask. CUDA IPC shares device memory between
+    the two, so they split one GPU; the NCCL-style backends give the trainer its own."""
+    if not cuda:
+        return 0.0, 0.0
+    if backend == "ipc" and tensor_parallel_size == 1:
+        return 0.5, 0.5
+    return float(tensor_parallel_size), 1.0
 
 
 class WeightTransferPath(ReloadPath):
     backend: ClassVar[str]
     """vLLM weight-transfer backend name."""
 
-    def __init__(self, checkpoints) -> None:
-        super().__init__(checkpoints)
+    sabotage = "the positive-control tensor left out of the update the trainer sends"
+
+    def __init__(self, checkpoints, prompts=None) -> None:
+        super().__init__(checkpoints, prompts)
         self.trainer = None
 
     def trainer_fields(self, port: int, world_size: int) -> dict[str, Any]:
         """Fields of the backend's TrainerInitInfo (rank 0 is the sender)."""
         return {"rank": 0, "master_address": "127.0.0.1", "master_port": port, "world_size": world_size}
 
-    def refit(self, engine, checkpoint_dir, target):
+    def refit(self, engine, checkpoint_dir, target, exclude: tuple[str, ...] = ()):
         import ray
 
         if self.trainer is None:
             self.trainer = self._connect(engine)
-        ray.get(self.trainer.send.remote(checkpoint_dir))
+        ray.get(self.trainer.send.remote(checkpoint_dir, exclude))
+
+    def sabotaged_refit(self, engine, target):
+        self.refit(engine, self.checkpoints.directory(target), target, exclude=(self.left_out,))
 
     def _connect(self, engine):
         import ray
@@ -39,8 +55,10 @@ class WeightTransferPath(ReloadPath):
 
         ranks = len(engine.rpc("refit_harness_ping"))
         fields = self.trainer_fields(free_loopback_port(), 1 + ranks)
+        _, gpus = gpu_shares(self.backend, ranks, cuda_available())
         # Segments start at A; a sparse trainer diffs against what the engine holds.
-        trainer = ray.remote(num_cpus=0)(TrainerActor).remote(engine.actor, fields, self.backend, self.checkpoints.a)
+        trainer = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerActor).remote(engine.actor, fields, self.backend,
+                                                                            self.checkpoints.a)
         ray.get(trainer.connect.remote())
         return trainer
 

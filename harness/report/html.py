@@ -15,7 +15,7 @@ h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid
 table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px solid #ccd;padding:.25rem .5rem;
 text-align:left;vertical-align:top}th{background:#eef0f5}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
 .PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA{background:#f9d6d5}
-.INCONCLUSIVE,.XPASS,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED,.XFAIL{background:#e6e6e6}.ERROR{background:#f2c1f2}
+.INCONCLUSIVE,.XPASS,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED,.XFAIL,.UNJUDGEABLE{background:#e6e6e6}.ERROR{background:#f2c1f2}
 .badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
 background:#fff5f5;margin:.5rem 0}.muted{color:#667}
 """
@@ -25,7 +25,7 @@ def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, 
                 consumed: pd.DataFrame, hooks: pd.DataFrame) -> str:
     parts = [f"<h1>refit-harness report</h1><p class='muted'>Oracle: warm A→B through each path vs a cold start "
              f"on B, with cold A as witness. Started {escape(ev.record.started)}.</p>",
-             _verdicts(summary), _first_divergences(summary), _control(summary), _noise(summary),
+             _verdicts(summary), _first_divergences(summary), _control(summary), _sabotage(summary), _noise(summary),
              _non_ok(tensors), _consumed(consumed), _hooks(hooks), _tokens(tokens), _arms(summary),
              _environment(summary)]
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title>"
@@ -86,6 +86,23 @@ def _control(summary: dict[str, Any]) -> str:
                       "max logprob shift"], rows) + "</section>")
 
 
+def _sabotage(summary: dict[str, Any]) -> str:
+    rows = []
+    for name, p in summary["paths"].items():
+        so = p.get("sabotage")
+        if so is None:
+            continue
+        rows.append([f"<code>{escape(name)}</code>", _badge("OK" if so["caught"] else "FAIL"), escape(so["sabotage"]),
+                     _badge(so["twin_verdict"]), escape(so["detail"])])
+    if not rows:
+        return ("<section id='sabotage'><h2>Sabotage controls</h2><p class='muted'>Not run (use --sabotage): no path "
+                "has shown here that it could fail.</p></section>")
+    return ("<section id='sabotage'><h2>Sabotage controls</h2><p class='muted'>Each path's sabotaged twin skips or "
+            "breaks the one step the path exists for, in the same engine. It must FAIL with what it planted; "
+            "otherwise the path's PASS is INCONCLUSIVE.</p>"
+            + _table(["path", "caught", "sabotage", "twin verdict", "evidence"], rows) + "</section>")
+
+
 def _noise(summary: dict[str, Any]) -> str:
     nf = summary["noise_floor"]
     rows = [[escape(k), "identical" if v["first_divergence"] is None else escape(str(v["first_divergence"])),
@@ -97,17 +114,21 @@ def _noise(summary: dict[str, Any]) -> str:
 
 
 def _non_ok(tensors: pd.DataFrame) -> str:
-    bad = tensors[(tensors["status"] != "OK") & (tensors["check"] != "noise")]
+    own = tensors[~tensors["path"].str.contains("~", regex=False)]  # sabotaged twins have their own section
+    bad = own[~own["status"].isin(["OK", "UNJUDGEABLE"]) & (own["check"] != "noise")]
     rows = [[f"<code>{escape(r.path)}</code>", escape(r.check), f"<code>{escape(r.tensor)}</code>", escape(r.kind),
              _badge(r.status), "yes" if r.address_moved else "no"] for r in bad.itertuples()]
     body = _table(["path", "check", "tensor", "kind", "status", "address moved"], rows) if rows else "<p>All tensors OK.</p>"
-    total = len(tensors[tensors["check"] == "refit"])
-    return (f"<section id='tensors'><h2>Non-OK tensors</h2><p class='muted'>{total} tensor(s) compared per path "
-            f"after refit; full list in tensors.csv.</p>{body}</section>")
+    refit = own[own["check"] == "refit"]
+    unjudgeable = int((refit["status"] == "UNJUDGEABLE").sum())
+    return (f"<section id='tensors'><h2>Non-OK tensors</h2><p class='muted'>{len(refit)} tensor(s) compared after "
+            f"refit over all paths, {unjudgeable} of them UNJUDGEABLE (equal before and after the refit, so they could "
+            f"not show a refit that missed them); full list in tensors.csv.</p>{body}</section>")
 
 
 def _consumed(consumed: pd.DataFrame) -> str:
-    bad = consumed[~consumed["status"].isin(["OK", "NOISY"])]
+    bad = consumed[~consumed["status"].isin(["OK", "NOISY", "UNJUDGEABLE"])
+                   & ~consumed["path"].str.contains("~", regex=False)]
     rows = [[f"<code>{escape(r.path)}</code>", str(r.op_index), f"<code>{escape(r.op)}</code>", str(r.arg),
              f"<code>{escape(r.module)}</code>", f"<code>{escape(r.tensor)}</code>", _badge(r.status)]
             for r in bad.itertuples()]

@@ -17,7 +17,12 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         entry: dict[str, Any] = {"verdict": v.status.value, "reasons": list(v.reasons),
                                  "first_divergent_tensor": v.first_divergent_tensor,
                                  "first_divergent_kernel_input": v.first_divergent_kernel_input}
+        so = v.sabotage
+        entry["sabotage"] = None if so is None else {
+            "sabotage": so.sabotage, "evidence": so.evidence, "planted": so.planted, "twin_verdict": so.verdict.value,
+            "caught": so.caught, "detail": so.detail}
         if c is not None:
+            entry["cache_hits"] = c.cache_hits
             entry["tensor_statuses"] = {check: dict(Counter(d.status.value for d in c.tensors if d.check == check))
                                         for check in ("refit", "idempotency", "round_trip")}
             entry["first_token_divergence"] = {
@@ -62,14 +67,16 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         f"vLLM `{env.get('vllm', '?')}` · torch `{env.get('torch', '?')}` · {env.get('device', '?')} · "
         f"{env['mode']} · harness `{env['git_sha']}`",
         "",
-        "| path | verdict | positive control | first divergent tensor | reasons |",
-        "|---|---|---|---|---|",
+        "| path | verdict | positive control | sabotage control | first divergent tensor | reasons |",
+        "|---|---|---|---|---|---|",
     ]
     for name, p in summary["paths"].items():
         ctl = p.get("positive_control")
         ctl_text = "—" if ctl is None else ("detected" if ctl["detected"] else "**missed**")
+        so = p.get("sabotage")
+        so_text = "—" if so is None else ("caught" if so["caught"] else "**not caught**")
         reasons = "<br>".join(_md(r) for r in p["reasons"][:4]) or "—"
-        lines.append(f"| `{name}` | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | "
+        lines.append(f"| `{name}` | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | {so_text} | "
                      f"{_md(p['first_divergent_tensor'] or '—')} | {reasons} |")
     nf = summary["noise_floor"]
     lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -15,6 +16,15 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+def need_chromium() -> None:
+    """Skip where there is no browser, except under CI, where a report never rendered must fail the run."""
+    if CHROMIUM is not None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail("Debian chromium is not installed, and CI must render the report (make browser)")
+    pytest.skip("Debian chromium is not installed (make browser)")
+
+
 def chromium(*args: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
@@ -22,8 +32,8 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.cpu
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make browser)")
 def test_failing_report_renders_its_verdict_and_first_divergent_kernel_input(run_oracle, tmp_path):
+    need_chromium()
     run = run_oracle("registry", "--model", str(checkpoints.tiny_qwen3(architecture="RegistryQKNormQwen3ForCausalLM")))
     page = (run.out / "index.html").resolve().as_uri()
     dom = chromium("--dump-dom", page).stdout

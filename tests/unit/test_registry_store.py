@@ -4,14 +4,14 @@ import sys
 import pytest
 
 from harness import store
-from harness.plan import ArmPlan, make_plan
+from harness.plan import ArmPlan, PathNeeds, make_plan
 from harness.checkpoints import CheckpointSet
 from harness.records import ArmResult
 from harness.registry import Registry, UnknownName
 from harness.paths.base import EngineRequirements
 from harness.spec import RunSpec
 
-NEEDS = (EngineRequirements(), ("B", "B", "B_control", "A"))
+NEEDS = PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A"))
 from tests.records import output, subject
 
 
@@ -58,7 +58,7 @@ def test_plan_round_trips_and_newer_schema_is_refused(tmp_path):
 
 def test_plan_shares_engines_between_paths_with_equal_requirements():
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
-    dummy = (EngineRequirements(load_format="dummy"), ("B", "B_control"))
+    dummy = PathNeeds(EngineRequirements(load_format="dummy"), ("B", "B_control"), ("B",))
     needs = {"p1": NEEDS, "p2": NEEDS, "d": dummy, "gpu_only": NEEDS}
     plan = make_plan(RunSpec(model="/a", paths=("p1", "d", "p2", "gpu_only")), cs, needs, {"gpu_only": "needs CUDA"})
     assert [a.name for a in plan.arms] == ["reference", "noise", "subject-p1+p2", "subject-d"]
@@ -71,3 +71,21 @@ def test_plan_shares_engines_between_paths_with_equal_requirements():
         "cold_dummy", "d/warm_B", "d/warm_B_control"]
     assert plan.subject_of("p2").name == "subject-p1+p2" and plan.subject_of("gpu_only") is None
     assert make_plan(RunSpec(model="/a", paths=("gpu_only",)), cs, needs, {"gpu_only": "x"}).arms == ()
+
+
+def test_sabotaged_twins_run_after_every_real_segment_with_only_their_first_refit_sabotaged():
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
+    dummy = PathNeeds(EngineRequirements(load_format="dummy"), ("B", "B_control"), ("B",))
+    needs = {"p1": NEEDS, "p2": NEEDS, "d": dummy}
+    plan = make_plan(RunSpec(model="/a", paths=("p1", "p2", "d"), sabotage=True), cs, needs, {})
+    shared = plan.arms[2].steps
+    labels = [s.argument for s in shared if s.action == "observe"]
+    real = ["cold_A"] + [f"{p}/{x}" for p in ("p1", "p2") for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")]
+    assert labels == real + ["p1~sabotage/warm_B", "p1~sabotage/warm_A", "p2~sabotage/warm_B", "p2~sabotage/warm_A"]
+    refits = [(s.path, s.argument, s.sabotaged) for s in shared if s.action == "refit"][-4:]
+    assert refits == [("p1", "B", True), ("p1", "A", False), ("p2", "B", True), ("p2", "A", False)]
+    assert not any(s.sabotaged for s in shared[:2 * len(real) - 1])  # the cold observe has no refit
+    assert [s.argument for s in plan.arms[3].steps if s.action == "observe"] == [
+        "cold_dummy", "d/warm_B", "d/warm_B_control", "d~sabotage/warm_B"]
+    without = make_plan(RunSpec(model="/a", paths=("p1",)), cs, needs, {})
+    assert not any("~sabotage" in s.argument for s in without.arms[2].steps)

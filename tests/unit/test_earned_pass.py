@@ -1,0 +1,200 @@
+"""Issue 9 on synthetic records: every PASS must be earned (no vLLM, no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness import store
+from harness.checkpoints import CheckpointSet
+from harness.compare import TensorStatus, classify, compare_consumed, compare_path
+from harness.paths import PATHS
+from harness.paths.base import ReloadPath
+from harness.pipeline import RunRecord, evaluate
+from harness.plan import PathNeeds, make_plan
+from harness.records import ConsumedTensor
+from harness.spec import JudgePolicy, RunSpec
+from harness.verdict import VerdictStatus, judge, judge_sabotage, with_sabotage
+from tests.records import A, B, CONTROL, EXPECTED, QWEN_PACKED, arm, obs, output, segment, subject, tensor
+
+POLICY = JudgePolicy()
+
+
+def compared(subj, path="p", expected=EXPECTED):
+    ref = arm("reference", "reference", obs("cold_B", B))
+    noise = arm("noise", "noise", obs("cold_B", B))
+    return compare_path(path, subj, ref, noise, "q_proj.weight", POLICY.logprob_atol, expected)
+
+
+# ---- one classifier for census tensors and kernel inputs ----------------------------
+
+def consumed(name: str, digest: str, nan_count: int = 0, address: int = 1000) -> ConsumedTensor:
+    return ConsumedTensor(name=name, op_index=0, op="aten.mul.Tensor", arg=1, module="m", dtype="float32",
+                          shape=(4,), address=address, digest=digest, nan_count=nan_count)
+
+
+def test_a_nan_kernel_input_is_a_difference_even_with_identical_bytes():
+    nan = consumed("w", "same", nan_count=1)
+    subject_obs = dataclasses.replace(obs("warm_B", B), consumed=(nan,))
+    reference_obs = dataclasses.replace(obs("cold_B", B), consumed=(nan,))
+    [diff] = compare_consumed(subject_obs, reference_obs, witness=None, before=None, noise=None)
+    assert diff.status is TensorStatus.CORRUPT
+
+
+def test_kernel_inputs_and_tensors_share_one_ladder():
+    # dtype and shape count for kernel inputs as they do for census tensors.
+    wider = dataclasses.replace(consumed("w", "d"), dtype="bfloat16")
+    assert classify(wider, consumed("w", "d")) is TensorStatus.CORRUPT
+    assert classify(tensor("w", "d"), tensor("w", "d"), tensor("w", "old")) is TensorStatus.OK
+    assert classify(tensor("w", "old"), tensor("w", "d"), tensor("w", "old")) is TensorStatus.STALE
+    assert classify(consumed("w", "old"), consumed("w", "d"), consumed("w", "old")) is TensorStatus.STALE
+
+
+# ---- UNJUDGEABLE ----------------------------------------------------------------------
+
+def test_a_tensor_equal_before_and_after_the_refit_is_unjudgeable_never_ok():
+    assert classify(tensor("r", "const"), tensor("r", "const"), tensor("r", "const")) is TensorStatus.UNJUDGEABLE
+    assert classify(tensor("r", "const"), tensor("r", "const")) is TensorStatus.OK  # no witness: nothing to say
+    assert classify(tensor("r", "junk"), tensor("r", "const"), tensor("r", "const")) is TensorStatus.CORRUPT
+
+
+def test_a_path_whose_only_evidence_is_unjudgeable_is_inconclusive():
+    # A --target equal to A: nothing moves, so nothing could have shown a missed refit.
+    subj = arm("subject-p", "subject", obs("cold_A", B), *segment("p", warm_a=B), paths=("p",))
+    c = compared(subj)
+    assert {d.status for d in c.tensors if d.check == "refit"} == {TensorStatus.UNJUDGEABLE}
+    v = judge(c, POLICY, False)
+    assert v.status is VerdictStatus.INCONCLUSIVE
+    assert any(r.startswith("no judgeable evidence") for r in v.reasons)
+
+
+def test_unjudgeable_tensors_are_counted_beside_a_pass():
+    subj = arm("subject-p", "subject", obs("cold_A", {**A, "buf": "int"}),
+               *segment("p", warm_b={**B, "buf": "int"}, warm_a={**A, "buf": "int"}, control={**CONTROL, "buf": "int"}),
+               paths=("p",))
+    ref = arm("reference", "reference", obs("cold_B", {**B, "buf": "int"}))
+    noise = arm("noise", "noise", obs("cold_B", {**B, "buf": "int"}))
+    c = compare_path("p", subj, ref, noise, "q_proj.weight", POLICY.logprob_atol, EXPECTED)
+    v = judge(c, POLICY, False)
+    assert v.status is VerdictStatus.PASS
+    assert any("1 tensor(s) UNJUDGEABLE" in r and "buf" in r for r in v.reasons)
+
+
+# ---- prefix-cache hits ---------------------------------------------------------------
+
+def with_hits(observations, hits):
+    return [dataclasses.replace(o, outputs=tuple(dataclasses.replace(x, cached_tokens=hits) for x in o.outputs))
+            for o in observations]
+
+
+def test_prefix_cache_path_without_cache_hits_fails():
+    subj = arm("subject-p", "subject", obs("cold_A", A), *with_hits(segment("p"), 0), paths=("p",))
+    c = compared(subj)
+    assert c.cache_hits == 0
+    v = judge(c, POLICY, False, require_cache_hits=True)
+    assert v.status is VerdictStatus.FAIL and v.reasons[0].startswith("no prefix-cache hits after the refit")
+    assert judge(c, POLICY, False).status is VerdictStatus.PASS  # paths that need no hits are unaffected
+    hit = compared(arm("subject-p", "subject", obs("cold_A", A), *with_hits(segment("p"), 256), paths=("p",)))
+    assert hit.cache_hits == 256  # one prompt
+    assert judge(hit, POLICY, False, require_cache_hits=True).status is VerdictStatus.PASS
+
+
+# ---- sabotage controls ---------------------------------------------------------------
+
+TWIN = ("warm_B", "warm_A")
+
+
+def twin_arm(warm_b, outputs_b=None):
+    own = segment("p", drop=())
+    twin = [dataclasses.replace(o, label=o.label.replace("p/", "p~sabotage/"))
+            for o in segment("p", warm_b=warm_b, outputs_b=outputs_b, drop=("warm_B_again", "warm_B_control"))]
+    return arm("subject-p", "subject", obs("cold_A", A), *own, *twin, paths=("p",))
+
+
+def sabotage_outcome(subj, evidence="tensor", planted="q_proj.weight"):
+    twin = compared(subj, "p~sabotage", TWIN)
+    return judge_sabotage(twin, judge(twin, POLICY, False), "left q_proj out", evidence, planted, QWEN_PACKED)
+
+
+def test_a_caught_sabotage_names_the_planted_tensor_and_keeps_the_pass():
+    outcome = sabotage_outcome(twin_arm({**B, "qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"]}))
+    assert outcome.caught and outcome.verdict is VerdictStatus.FAIL
+    assert outcome.detail == "caught: qkv_proj.<kernel-output> STALE"
+    v = with_sabotage(judge(compared(twin_arm(B)), POLICY, False), outcome)
+    assert v.status is VerdictStatus.PASS and v.sabotage is outcome
+
+
+def test_a_sabotage_nobody_caught_makes_the_path_inconclusive():
+    outcome = sabotage_outcome(twin_arm(B))  # the sabotaged refit changed nothing visible
+    assert not outcome.caught and outcome.verdict is not VerdictStatus.FAIL
+    v = with_sabotage(judge(compared(twin_arm(B)), POLICY, False), outcome)
+    assert v.status is VerdictStatus.INCONCLUSIVE
+    assert v.reasons[0].startswith("sabotaged twin not caught (left q_proj out): this path cannot fail here")
+
+
+def test_a_twin_failing_elsewhere_than_it_planted_is_not_caught():
+    outcome = sabotage_outcome(twin_arm({**B, "norm": A["norm"]}))  # fails, but not at q_proj
+    assert outcome.verdict is VerdictStatus.FAIL and not outcome.caught
+    assert "not with what its sabotage plants" in outcome.detail
+
+
+def test_a_token_evidence_sabotage_is_caught_by_a_divergence():
+    stale_kv = twin_arm(B, outputs_b=[output(0, (1, 9, 9))])
+    outcome = sabotage_outcome(stale_kv, evidence="tokens", planted=None)
+    assert outcome.caught and outcome.detail == "caught: prompt 0 diverges from cold B at token 1"
+    assert not sabotage_outcome(twin_arm(B), evidence="tokens", planted=None).caught
+
+
+def test_a_failing_path_keeps_its_fail_whatever_its_twin():
+    stale = {**B, "norm": A["norm"]}
+    v = judge(compared(subject(warm_b=stale, warm_b_again=stale)), POLICY, False)
+    assert with_sabotage(v, sabotage_outcome(twin_arm(B))).status is VerdictStatus.FAIL
+
+
+def test_every_path_declares_a_sabotage_with_evidence():
+    for name in PATHS.names():
+        cls = PATHS.get(name)
+        assert cls.sabotaged_refit is not ReloadPath.sabotaged_refit, name  # the base only raises
+        assert cls.sabotage and cls.sabotage_evidence in ("tensor", "tokens"), name
+        assert cls.sabotage_targets[0] == "B", name  # only B has a sabotaged checkpoint
+    assert PATHS.get("prefix_cache").sabotage_evidence == "tokens" and PATHS.get("prefix_cache").needs_cache_hits
+
+
+# ---- REBOUND is judged with the path's own mode -------------------------------------
+
+def write_run(tmp_path, device: str, paths=("compiled",), rebound="auto"):
+    spec = RunSpec(model="/a", paths=paths, judge=JudgePolicy(rebound=rebound))  # an eager run
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="q_proj.weight")
+    needs = {p: PathNeeds(PATHS.get(p).requirements, PATHS.get(p).refit_targets) for p in paths}
+    plan = make_plan(spec, cs, needs, {})
+    store.dump(RunRecord(spec=spec, checkpoints=cs, plan=plan, git_sha="test", started="now"),
+               tmp_path / "run.json", "run_record")
+    env = (("device", device),)
+    moved = [tensor(n, d, address=2000 if n == "norm" else 1000) for n, d in B.items()]
+    for a in plan.arms:
+        if a.role == "subject":
+            result = arm(a.name, "subject", obs("cold_A", A), *segment(paths[0], warm_b=moved, warm_b_again=moved),
+                         paths=a.paths)
+        else:
+            result = arm(a.name, a.role, obs("cold_B", B))
+        store.dump(dataclasses.replace(result, environment=env), tmp_path / "arms" / f"{a.name}.result.json",
+                   "arm_result")
+    return tmp_path
+
+
+@pytest.mark.parametrize("device, verdict", [("NVIDIA H100 80GB HBM3", VerdictStatus.FAIL),
+                                             ("cpu (x86_64)", VerdictStatus.PASS)])
+def test_a_compiled_path_in_an_eager_run_fails_a_rebound_on_a_gpu(tmp_path, device, verdict):
+    ev = evaluate(write_run(tmp_path, device))
+    assert ev.record.spec.engine.mode == "eager"
+    [v] = ev.verdicts
+    assert v.status is verdict, v.reasons
+    if verdict is VerdictStatus.FAIL:
+        assert v.first_divergent_tensor == "norm (REBOUND, refit)"
+
+
+def test_an_eager_path_on_a_gpu_reports_a_rebound_without_failing(tmp_path):
+    [v] = evaluate(write_run(tmp_path, "NVIDIA H100 80GB HBM3", paths=("reload_weights",))).verdicts
+    assert v.status is VerdictStatus.PASS
+    assert any("REBOUND, not failing" in r for r in v.reasons)

@@ -1,0 +1,87 @@
+"""The GPU weight-transfer paths cannot run here, but what they hand to vLLM can be built
+here: every backend's real dataclasses, from the installed vLLM (imports vLLM, no engine)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.checkpoints import CheckpointSet
+from harness.paths import PATHS
+from harness.paths.weight_transfer import WeightTransferPath, gpu_shares
+
+CUDA_BACKENDS = ("nccl", "ipc", "sparse_nccl", "sharded_rdt", "nccl_m2n")
+CHECKPOINTS = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
+
+
+def transfer_path(backend: str) -> WeightTransferPath:
+    return PATHS.get(f"transfer_{backend}")(CHECKPOINTS)
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_trainer_init_info_is_the_backends_own_dataclass_with_the_fields_we_send(backend):
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    from harness.engine.transfer import trainer_init_info
+
+    fields = transfer_path(backend).trainer_fields(port=29555, world_size=3)
+    info = trainer_init_info(backend, fields)  # a missing or misnamed field raises TypeError here
+    expected_cls = WeightTransferTrainerFactory._registry[backend]().init_info_cls
+    assert type(info) is expected_cls and info.backend == backend and info.is_sender
+    declared = {f.name for f in dataclasses.fields(expected_cls)}
+    assert set(fields) <= declared
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_engine_side_dataclasses_exist_for_every_backend(backend):
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    engine_cls = WeightTransferEngineFactory._registry[backend]()
+    assert dataclasses.is_dataclass(engine_cls.init_info_cls) and dataclasses.is_dataclass(engine_cls.update_info_cls)
+
+
+def test_the_gloo_twin_speaks_the_nccl_backends_update_format():
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from harness.engine.transfer import GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo
+
+    nccl = WeightTransferEngineFactory._registry["nccl"]()
+    names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
+    assert names(GlooWeightTransferUpdateInfo) == names(nccl.update_info_cls)
+    assert set(names(GlooWeightTransferInitInfo)) <= set(names(nccl.init_info_cls))
+
+
+def test_sparse_patches_are_vllms_own_and_skip_left_out_tensors(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+    from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+
+    from harness.engine.transfer import CheckpointSource, sparse_patches
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    save_file({"w": torch.zeros(2, 3), "n": torch.ones(3)}, str(tmp_path / "a" / "model.safetensors"))
+    save_file({"w": torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 7.0]]), "n": torch.full((3,), 2.0)},
+              str(tmp_path / "b" / "model.safetensors"))
+    held = CheckpointSource(tmp_path / "a")
+    patches = sparse_patches(held, CheckpointSource(tmp_path / "b"))
+    assert all(type(p) is SparseWeightPatch for p in patches)
+    w = next(p for p in patches if p.name == "w")
+    assert w.indices.tolist() == [1, 5] and w.values.tolist() == [5.0, 7.0] and w.full_shape == (2, 3)
+    left_out = sparse_patches(held, CheckpointSource(tmp_path / "b", exclude=("n",)))
+    assert [p.name for p in left_out] == ["w"]
+    assert [m.name for m in CheckpointSource(tmp_path / "b", exclude=("n",)).metadata()] == ["w"]
+
+
+def test_ray_actors_ask_for_gpus_on_cuda_and_ipc_shares_one():
+    assert gpu_shares("nccl", 2, cuda=True) == (2.0, 1.0)
+    assert gpu_shares("ipc", 1, cuda=True) == (0.5, 0.5)  # colocated: both see the same device
+    assert gpu_shares("gloo", 1, cuda=False) == (0.0, 0.0)
+
+
+def test_cuda_backends_hand_over_cuda_tensors():
+    from harness.engine.transfer import source_device
+
+    assert {b: source_device(b) for b in CUDA_BACKENDS} == dict.fromkeys(CUDA_BACKENDS, "cuda")
+    assert source_device("gloo") == "cpu"
