@@ -172,7 +172,8 @@ def cmd_paths(args: argparse.Namespace) -> int:
         cls = PATHS.get(name)
         reason = cls.unavailable_reason()
         where = "cpu+gpu" if cls.device == "any" else "gpu only"
-        print(f"{name:28} {where:9} {'available' if reason is None else 'unavailable here'}\n    {cls.exercises}")
+        print(f"{name:28} {where:9} {'available' if reason is None else 'unavailable here'}\n    {cls.exercises}"
+              f"\n    sabotaged twin ({cls.sabotage_evidence} evidence): {cls.sabotage}")
         for known in cls.known_issues:
             print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
     return 0

@@ -100,7 +100,7 @@ def test_scenario_cells_are_pytest_items_with_readable_failures(tmp_path):
     import pandas as pd
 
     tensors = pd.read_csv(reports[0].parent / "tiny-qwen3-eager-tp1" / "tensors.csv")
-    stale = tensors[(tensors["check"] == "refit") & (tensors["status"] == "STALE")]
+    stale = tensors[(tensors["path"] == "reload_weights") & (tensors["check"] == "refit") & (tensors["status"] == "STALE")]
     assert list(stale["tensor"]) == ["model.norm._frozen[0]"]
 
 
