@@ -189,7 +189,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     for v in evaluation.verdicts:
         _progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
     print(f"report: {files['index.html'].resolve()}")
-    return evaluation.exit_code
+    return _exit(evaluation.exit_code, [v.path for v in evaluation.verdicts if v.status.value == "ERROR"], out)
+
+
+def _exit(code: int, errored: list[str], out: Path) -> int:
+    """Exit 2 from ERROR verdicts says so in its one line too."""
+    if code != 2:
+        return code
+    return _fail(f"infrastructure error in {len(errored)} path(s) ({', '.join(errored[:4])}"
+                 + (", ..." if len(errored) > 4 else "") + f"); the report says why; --resume {out} runs them again")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -250,7 +258,7 @@ def run_scenario(args: argparse.Namespace, fan) -> int:
     for cell, c in summary["cells"].items():
         _progress(f"{cell}: {c['verdict']}")
     print(f"report: {index.resolve()}")
-    return summary["exit_code"]
+    return _exit(summary["exit_code"], [c for c, v in summary["cells"].items() if v["verdict"] == "ERROR"], out)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -292,7 +300,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     files = write_reports(evaluation, out)
     print(f"report: {files['index.html'].resolve()}")
-    return evaluation.exit_code
+    return _exit(evaluation.exit_code, [v.path for v in evaluation.verdicts if v.status.value == "ERROR"], out)
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:

@@ -40,11 +40,21 @@ def local_ray_options() -> dict:
 
     - ``address="local"``: always start a new instance; a bare ``ray.init()`` would join a
       ``ray start`` cluster found on the machine (or in ``RAY_ADDRESS``).
-    - Node address 127.0.0.1: Ray's services listen on loopback, not on the host's address.
-    - Token authentication on (Ray >= 2.52; on by default in newer releases): other local
-      users cannot submit work to it either.
+    - Node address 127.0.0.1, so that Ray's servers listen on loopback. Measured with Ray 2.60:
+      ``_node_ip_address="127.0.0.1"`` alone is silently replaced by the host's address
+      (``services.resolve_ip_for_localhost``), and the GCS, raylet and workers then listen on
+      every interface (``::``); Ray keeps 127.0.0.1 only where it believes clusters are
+      disabled (``ray_constants.ENABLE_RAY_CLUSTER``, from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``).
+      With both, every Ray server of the run listens on 127.0.0.1 only.
+    - Token authentication: Ray >= 2.52 has it, and the installed 2.60 turns it on for a new
+      local cluster unless ``RAY_AUTH_MODE`` says otherwise (it logs "Token authentication is
+      enabled"). Setting ``RAY_AUTH_MODE=token`` here, after ``import ray``, breaks the driver's
+      own connection ("InvalidAuthToken": measured), so the default is left to Ray.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    import ray._private.ray_constants as ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # for Ray processes importing it afresh
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time by services.get_node_ip_address
     return {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": False}
 
 

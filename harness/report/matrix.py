@@ -7,7 +7,7 @@ from html import escape
 from pathlib import Path
 
 from harness.pipeline import Evaluation
-from harness.report.summary import md_code
+from harness.report.summary import md_text
 from harness.store import write_atomic
 from harness.scenario import CellGroup
 from harness.store import SCHEMA_VERSION
@@ -41,8 +41,8 @@ def write_matrix(out: Path, summary: dict) -> Path:
             f"<table id='cells'><tr><th>cell</th><th>verdict</th><th>report</th><th>reasons</th></tr>{rows}</table>"
             "</body></html>")
     write_atomic(out / "index.html", page)
-    lines = [f"## refit-harness scenario {md_code(summary['scenario'])}", "", "| cell | verdict |", "|---|---|"]
-    lines += [f"| {md_code(cell)} | {c['verdict']} |" for cell, c in summary["cells"].items()]
+    lines = [f"## refit-harness scenario {md_text(summary['scenario'])}", "", "| cell | verdict |", "|---|---|"]
+    lines += [f"| {md_text(cell)} | {c['verdict']} |" for cell, c in summary["cells"].items()]
     write_atomic(out / "summary.md", "\n".join(lines) + "\n")
     return out / "index.html"
 

@@ -69,6 +69,6 @@ def neutralise_formula(value):
 def csv_text(table: pd.DataFrame) -> str:
     safe = table.copy()
     for column in safe.columns:
-        if safe[column].dtype == object:
+        if not pd.api.types.is_numeric_dtype(safe[column]):  # object or pandas' own str dtype
             safe[column] = safe[column].map(neutralise_formula)
     return safe.to_csv(index=False)
