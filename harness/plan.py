@@ -31,6 +31,11 @@ class PathNeeds:
     """Its sabotaged twin's refits: the first is sabotaged, the rest are real refits that
     leave the engine as the next segment expects."""
 
+    @classmethod
+    def of(cls, path_class) -> PathNeeds:
+        """What a reload path class declares (``harness.paths.base.ReloadPath`` attributes)."""
+        return cls(path_class.requirements, path_class.refit_targets, path_class.sabotage_targets)
+
 
 @dataclass(frozen=True)
 class Step:

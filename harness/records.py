@@ -148,6 +148,14 @@ class ArmResult:
     """Wall time of the arm, engine start included."""
     environment: tuple[tuple[str, str], ...] = field(default=())
     """vLLM/torch versions, device and similar facts read inside the arm."""
+    failed_path: str | None = None
+    """With ``status`` error: the reload path whose segment was running when the arm failed
+    (None: the cold start, or not known). Segments before it completed and are judged."""
+    failed_step: str | None = None
+    """With ``status`` error: the step that was running, e.g. ``refit B_control`` or ``observe warm_B``."""
+    key: str = ""
+    """What the arm was measured with (plan, checkpoint fingerprints, vLLM version, harness
+    commit), hashed; ``--resume`` keeps a finished arm only when its key still matches."""
 
     def observation(self, label: str) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

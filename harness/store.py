@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -61,28 +62,72 @@ def from_jsonable(tp: Any, data: Any) -> Any:
     return data
 
 
-def dump(obj: Any, path: Path, kind: str) -> Path:
-    """Write ``obj`` atomically as ``{"schema_version", "kind", "data"}``."""
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write a file so that a reader (or a crash, or a full disk) sees it whole or not at all.
+
+    The temp name is unique (the arm's watchdog thread and its main thread can both write the
+    same record), the bytes are fsynced before the rename, and the directory after it, so a
+    power cut cannot leave a renamed but empty file. A failed write removes its temp file.
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    payload = {"schema_version": SCHEMA_VERSION, "kind": kind, "data": to_jsonable(obj)}
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=False))
-    os.replace(tmp, path)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
     return path
 
 
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def dump(obj: Any, path: Path, kind: str) -> Path:
+    """Write ``obj`` atomically as ``{"schema_version", "kind", "data"}``."""
+    payload = {"schema_version": SCHEMA_VERSION, "kind": kind, "data": to_jsonable(obj)}
+    return write_atomic(path, json.dumps(payload, indent=1, sort_keys=False))
+
+
 def load(tp: type[T], path: Path, kind: str) -> T:
+    """Read a record; anything this harness cannot read (truncated, unknown version, wrong
+    structure) is a ``SchemaError`` naming the file, never a bare KeyError or TypeError."""
     try:
         payload = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SchemaError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise SchemaError(f"{path}: not a refit-harness record (a JSON {type(payload).__name__})")
     version = payload.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
         raise SchemaError(f"{path}: schema_version {version!r} is not readable by this harness "
-                          f"(reads up to {SCHEMA_VERSION})")
+                          f"(reads 1 to {SCHEMA_VERSION})")
     if payload.get("kind") != kind:
         raise SchemaError(f"{path}: expected a {kind!r} record, found {payload.get('kind')!r}")
     while version < SCHEMA_VERSION:
         payload = _MIGRATIONS[version](payload)
         version += 1
-    return from_jsonable(tp, payload["data"])
+    try:
+        return from_jsonable(tp, payload["data"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise SchemaError(f"{path}: a {kind!r} record of version {version} with the wrong structure "
+                          f"({type(exc).__name__}: {exc})") from exc

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness import store
 from harness.engine.handles import Engine, build_engine
-from harness.plan import ArmPlan
+from harness.plan import ArmPlan, sabotaged_twin
 from harness.records import ArmResult, ConsumedTensor, HookRecord, ModelInfo, Observation, TensorRecord
 from harness.spec import PromptSpec
 
@@ -75,12 +75,16 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     started = time.monotonic()
     observations: list[Observation] = []
     env: tuple[tuple[str, str], ...] = ()
+    current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
+    save_lock = threading.Lock()  # the watchdog thread saves too
 
     def save(status: str, error: str | None) -> ArmResult:
+        path, step = current[0] if status == "error" else (None, None)
         result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
-                           environment=env)
-        store.dump(result, result_path, "arm_result")
+                           environment=env, failed_path=path, failed_step=step)
+        with save_lock:
+            store.dump(result, result_path, "arm_result")
         return result
 
     paths = {}
@@ -94,7 +98,13 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         for step in arm.steps:
             print(f"[{arm.name}] {step.action} {step.argument}" + (f" via {step.path}" if step.path else "")
                   + (" (sabotaged)" if step.sabotaged else ""), flush=True)
+            owner = sabotaged_twin(step.path) if step.sabotaged else step.path
+            segment_path = owner or (step.argument.split("/", 1)[0] if "/" in step.argument else None)
+            current[0] = (segment_path, f"{step.action} {step.argument.rsplit('/', 1)[-1]}")
             if step.action == "refit":
+                # Say where we are before a step that can hang or kill the engine: if the arm
+                # is killed here, the record charges the failure to this segment, not the earlier ones.
+                save("error", f"arm stopped during {current[0][1]} of {segment_path}")
                 path = paths[step.path]
                 restart = (path.sabotaged_refit(engine, step.argument) if step.sabotaged
                            else path.refit(engine, arm.checkpoints.directory(step.argument), step.argument))
@@ -109,6 +119,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 observations.append(observe(engine, arm, step.argument))
                 # Keep what was measured; if the arm dies later, this file says so.
                 save("error", f"arm stopped after observing {step.argument!r}")
+        current[0] = (None, None)
         return save("ok", None)
     except Exception as exc:  # noqa: BLE001 - an arm's failure is a value
         traceback.print_exc()
@@ -160,9 +171,46 @@ def _engine_label(p) -> str | None:
     return next((tag for tag in ("EngineCore", "VLLM::Worker") if tag in cmd), None)
 
 
+def die_with_parent_and_deadline(deadline_s: float) -> None:
+    """The arm's engines must not outlive the run, whatever happens to the parent.
+
+    The arm leads its own process group (the engine core, its workers and a ``vllm serve``
+    with its engine core are all in it). The kernel kills this process when its parent dies
+    (PR_SET_PDEATHSIG); a watcher thread also kills the whole group when the parent pid
+    changes (the parent died between fork and prctl, or the signal was not delivered) or when
+    the arm's own deadline passes (the parent's timeout lives in the parent).
+    """
+    import ctypes
+    import signal
+
+    if os.getpgrp() != os.getpid():
+        return  # not started by the runner (which makes the arm a group leader): nothing of ours to kill
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent or parent == 1:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    end = time.monotonic() + deadline_s
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            orphaned = os.getppid() != parent
+            if orphaned or time.monotonic() > end:
+                print("refit-harness arm: " + ("parent died" if orphaned else f"own deadline of {deadline_s:.0f} s "
+                      "passed") + "; killing the arm's process group", flush=True)
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="refit-harness-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     plan_path, result_path = Path(argv[0]), Path(argv[1])
     arm = store.load(ArmPlan, plan_path, "arm_plan")
+    # A little after the parent's timeout, which normally ends the arm first and says why.
+    die_with_parent_and_deadline(arm.timeout_s + 15)
     result = run(arm, result_path)
     return 0 if result.status == "ok" else 1
 

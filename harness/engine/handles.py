@@ -3,23 +3,23 @@
 - ``LocalEngine``: ``vllm.LLM`` in the arm process.
 - ``RayEngine``: ``vllm.LLM`` inside a Ray actor, the way RL frameworks run it, so a
   trainer actor can drive it through vLLM's ``RayVLLMWeightSyncClient``.
-- ``HTTPEngine``: a real ``vllm serve`` process (``VLLM_SERVER_DEV_MODE=1``) on a free
-  loopback port, driven over HTTP.
+- ``HTTPEngine``: a real ``vllm serve`` process (``VLLM_SERVER_DEV_MODE=1``) on a Unix
+  socket in a private directory, driven over HTTP.
 
 All observe through the same worker extension, by ``collective_rpc``.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -127,8 +127,10 @@ class RayEngine(Engine):
         from vllm import LLM
 
         if not ray.is_initialized():
-            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+            from harness.engine.fanout import local_ray_options
+
+            ray.init(num_cpus=max(2, os.cpu_count() or 2), log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **local_ray_options())
         from harness.paths.base import cuda_available
         from harness.paths.weight_transfer import gpu_shares
 
@@ -157,8 +159,36 @@ class RayEngine(Engine):
             self._ray.shutdown()
 
 
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a Unix socket (urllib speaks TCP only)."""
+
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+class HTTPError(RuntimeError):
+    """The server answered with an error status."""
+
+
 class HTTPEngine(Engine):
-    """A real ``vllm serve`` on a free loopback port."""
+    """A real ``vllm serve`` on a Unix socket in a private directory.
+
+    Why not a loopback port: ``VLLM_SERVER_DEV_MODE=1`` adds ``/collective_rpc`` (which can
+    make the engine write ``save_sharded_state`` anywhere), ``/sleep``, ``/update_weights``...
+    and every local user can reach a loopback port. vLLM's ``--api-key`` does not help: its
+    middleware guards only ``/v1``, ``/v2``, ``/inference`` and ``/cohere``
+    (``vllm/entrypoints/serve/middleware/authenticate.py``, 0.32), not the dev routes. A
+    socket in a 0700 directory is reachable by this user only. It also removes the port race.
+
+    The server stays in the arm's process group (no new session), so killing the arm's
+    group, for a timeout or because the run was cancelled, kills it and its engine core too.
+    """
 
     def __init__(self, arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None,
                  startup_timeout_s: float = 300.0) -> None:
@@ -175,21 +205,27 @@ class HTTPEngine(Engine):
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
         log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(log_dir / f"{arm.name}.server.log", "w")
-        # The port is free when picked and bound only after the server's imports, seconds
-        # later; another engine can take it in between (seen once in CI). Then pick again.
-        for _ in range(3):
-            self.port = _free_port()
-            self.base = f"http://127.0.0.1:{self.port}"
-            self._log_start = os.path.getsize(self._log.name)  # this attempt's part of the log
-            self.proc = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(self.port)], stdout=self._log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                         start_new_session=True)
-            if self._wait_healthy(startup_timeout_s):
-                return
-        raise RuntimeError(f"vllm serve found every port it was given taken (see {self._log.name})")
+        self.proc = None
+        # mkdtemp makes the directory 0700. A socket path must fit in 108 bytes, so it lives
+        # under the run's scratch directory only when that path is short enough.
+        scratch = os.environ.get("REFIT_HARNESS_SCRATCH")
+        self._private = tempfile.mkdtemp(prefix="rh-serve-", dir=scratch if scratch and len(scratch) < 70 else None)
+        try:
+            for attempt in range(3):
+                self.socket_path = os.path.join(self._private, f"server{attempt}.sock")
+                self._log_start = os.path.getsize(self._log.name)  # this attempt's part of the log
+                self.proc = subprocess.Popen(cmd + ["--uds", self.socket_path], stdout=self._log,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                if self._wait_healthy(startup_timeout_s):
+                    return
+                self._stop_server()
+            raise RuntimeError(f"vllm serve could not bind its socket three times (see {self._log.name})")
+        except BaseException:
+            self.close()  # never leave a half-started server (and its engine core) behind
+            raise
 
     def _wait_healthy(self, timeout_s: float) -> bool:
-        """True once healthy; False if the server died because its port was taken."""
+        """True once healthy; False if the server died because its address was taken."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -200,22 +236,26 @@ class HTTPEngine(Engine):
                 raise RuntimeError(f"vllm serve exited with code {self.proc.returncode} before becoming healthy "
                                    f"(see {self._log.name})")
             try:
-                with urllib.request.urlopen(self.base + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return True
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if self._request("GET", "/health", None, timeout=2)[0] == 200:
+                    return True
+            except (OSError, http.client.HTTPException):
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"vllm serve not healthy after {timeout_s:.0f} s (see {self._log.name})")
 
-    def post(self, route: str, body: dict | None = None, timeout: float = 600.0) -> Any:
-        data = json.dumps(body or {}).encode()
-        req = urllib.request.Request(self.base + route, data=data, headers={"Content-Type": "application/json"})
+    def _request(self, method: str, route: str, body: bytes | None, timeout: float) -> tuple[int, bytes]:
+        conn = _UnixHTTPConnection(self.socket_path, timeout)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"POST {route} -> HTTP {exc.code}: {exc.read()[:500]!r}") from None
+            conn.request(method, route, body=body, headers={"Content-Type": "application/json"} if body else {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def post(self, route: str, body: dict | None = None, timeout: float = 600.0) -> Any:
+        status, raw = self._request("POST", route, json.dumps(body or {}).encode(), timeout)
+        if status >= 400:
+            raise HTTPError(f"POST {route} -> HTTP {status}: {raw[:500]!r}")
         return json.loads(raw) if raw.strip() else None
 
     def rpc(self, method, kwargs=None):
@@ -240,8 +280,7 @@ class HTTPEngine(Engine):
 
     def _model_name(self) -> str:
         if not hasattr(self, "_name"):
-            with urllib.request.urlopen(self.base + "/v1/models", timeout=10) as resp:
-                self._name = json.loads(resp.read())["data"][0]["id"]
+            self._name = json.loads(self._request("GET", "/v1/models", None, timeout=10)[1])["data"][0]["id"]
         return self._name
 
     def call(self, method, *args, **kwargs):
@@ -249,16 +288,35 @@ class HTTPEngine(Engine):
             raise TypeError("HTTPEngine.call takes keyword arguments only")
         return self.post("/" + method, kwargs or None)
 
-    def close(self, wait=False):
-        # SIGTERM first so the server shuts its engine down; then make sure.
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+    def _stop_server(self) -> None:
+        """SIGTERM first so the server shuts its engine down; then kill it and everything it
+        started (its engine core and workers), found before they could be re-parented."""
+        import psutil
+
+        if self.proc is None:
+            return
+        try:
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        try:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        for p in [*tree, psutil.Process(self.proc.pid) if self.proc.poll() is None else None]:
             try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=wait)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
+                if p is not None:
+                    p.kill()
+            except psutil.Error:
+                pass
+        self.proc.wait()
+        self.proc = None
+
+    def close(self, wait=False):
+        self._stop_server()
         self._log.close()
+        shutil.rmtree(self._private, ignore_errors=True)
 
 
 def serve_command(model: str) -> list[str]:

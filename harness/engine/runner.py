@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,24 +27,46 @@ def arm_files(workdir: Path, arm: ArmPlan) -> tuple[Path, Path, Path]:
     return base.with_suffix(".plan.json"), base.with_suffix(".result.json"), base.with_suffix(".log")
 
 
-def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None) -> ArmResult:
+RUN_MARKER = "REFIT_HARNESS_RUN"
+"""Environment variable set by the CLI to a per-run id; every process of the run inherits it
+(arms, engine cores, workers, servers, a local Ray's workers), so leftovers can be found."""
+
+
+def scratch_dir(workdir: Path, arm: ArmPlan) -> Path:
+    """Where an arm's full weight copies go (kernel-format snapshots, sharded states): under
+    the run's directory, not ``$TMPDIR``, swept after the arm and on every start or resume."""
+    return workdir / "scratch" / arm.name
+
+
+def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None, key: str = "") -> ArmResult:
     plan_file, result_file, log_file = arm_files(workdir, arm)
     store.dump(arm, plan_file, "arm_plan")
     result_file.unlink(missing_ok=True)
+    scratch = scratch_dir(workdir, arm)
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    pid_file = plan_file.with_name(f"{arm.name}.pid")
     started = time.monotonic()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    with open(log_file, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-        timed_out = False
-        try:
-            proc.wait(timeout=arm.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            kill_group(proc)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", REFIT_HARNESS_SCRATCH=str(scratch.resolve()), **(extra_env or {}))
+    try:
+        with open(log_file, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )
+            timed_out = False
+            try:
+                # The arm's process group id, for a CLI that must stop arms it did not start
+                # itself (arms under Ray actors) when the run is cancelled.
+                store.write_atomic(pid_file, str(proc.pid))
+                proc.wait(timeout=arm.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                kill_group(proc)
+                pid_file.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = round(time.monotonic() - started, 2)
     recorded = _read_result(result_file)
     if timed_out:
@@ -58,12 +81,47 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     if result.status == "error":
         # Stored, so the report (which reads only the disk) says what the parent saw.
         result = replace(result, error=with_root_cause(result.error or "", log_file))
-        store.dump(result, result_file, "arm_result")
+    result = replace(result, key=key)
+    store.dump(result, result_file, "arm_result")
     return result
 
 
+def store_error(arm: ArmPlan, workdir: Path, message: str, key: str = "") -> ArmResult:
+    """Record an arm that could not run (cancelled, or its Ray actor died)."""
+    result_file = arm_files(workdir, arm)[1]
+    result = replace(_as_error(arm, _read_result(result_file), message, 0.0), key=key)
+    store.dump(result, result_file, "arm_result")
+    return result
+
+
+def kill_recorded_groups(workdir: Path) -> list[int]:
+    """Kill the process group of every arm of this run still recorded as running.
+
+    Only a group whose leader carries this run's marker is killed: a pid file left by a
+    crash must never take down an unrelated process that reused the pid.
+    """
+    marker = os.environ.get(RUN_MARKER)
+    killed = []
+    for pid_file in (workdir / "arms").glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, ValueError):
+            pid_file.unlink(missing_ok=True)
+            continue
+        if marker and f"{RUN_MARKER}={marker}".encode() in environ.split(b"\0"):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        pid_file.unlink(missing_ok=True)
+    return killed
+
+
 def kill_group(proc: subprocess.Popen) -> None:
-    """Kill the arm and everything it spawned (vLLM's engine core and workers)."""
+    """Kill the arm and everything it spawned (vLLM's engine core and workers, a ``vllm
+    serve`` and its engine core: all stay in the arm's process group)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -86,7 +144,9 @@ def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: f
         message = f"{message}; {recorded.error}"
     return ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status="error", error=message,
                      observations=observations, seconds=seconds,
-                     environment=recorded.environment if recorded else ())
+                     environment=recorded.environment if recorded else (),
+                     failed_path=recorded.failed_path if recorded else None,
+                     failed_step=recorded.failed_step if recorded else None)
 
 
 # vLLM's own logger line for an exception raised in an engine process, e.g.

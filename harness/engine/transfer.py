@@ -14,6 +14,7 @@ and a receive that goes through the same layerwise-reload lifecycle
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -36,10 +37,44 @@ _TIMEOUT = timedelta(seconds=300)
 
 
 def _gloo_group(host: str, port: int, rank: int, world_size: int):
+    """A stateless gloo group that listens on ``host`` only.
+
+    Left to itself, rank 0's ``TCPStore`` listens on every interface (seen with ``ss -ltnp``:
+    ``*:PORT``), and gloo's pairs bind to the address the hostname resolves to. So rank 0
+    binds the store's socket itself, and gloo is pinned to the loopback interface
+    (``GLOO_SOCKET_IFNAME``, read when the backend is built) when the host is loopback.
+    """
+    import ipaddress
+
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
-    return stateless_init_torch_distributed_process_group(host, port, rank, world_size, backend="gloo",
-                                                          timeout=_TIMEOUT)
+    listen = None
+    if rank == 0:
+        listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listen.bind((host, port))
+        listen.listen()
+    loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    if loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+    try:
+        return stateless_init_torch_distributed_process_group(host, port, rank, world_size, backend="gloo",
+                                                              timeout=_TIMEOUT, listen_socket=listen)
+    finally:
+        if loopback:
+            if saved is None:
+                os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            else:
+                os.environ["GLOO_SOCKET_IFNAME"] = saved
+
+
+def loopback_interface() -> str:
+    """Name of the loopback interface (``lo`` on Linux)."""
+    for _, name in socket.if_nameindex():
+        if name == "lo" or name.startswith("lo"):
+            return name
+    return "lo"
 
 
 def _broadcast(group, tensor: torch.Tensor, root: int = 0) -> None:

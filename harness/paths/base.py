@@ -22,6 +22,15 @@ EngineKind = Literal["llm", "ray_llm", "http"]
 RefitTarget = Literal["A", "B", "B_control"]
 
 
+def scratch_root() -> str | None:
+    """Directory for a path's full weight copies: the arm's scratch directory under the run's
+    out dir (set by the runner, swept after the arm and on start/resume); None outside a run."""
+    root = os.environ.get("REFIT_HARNESS_SCRATCH")
+    if root:
+        os.makedirs(root, exist_ok=True)
+    return root or None
+
+
 def cuda_available() -> bool:
     """Planner-side test for CUDA, without importing torch or vLLM."""
     return os.environ.get("HARNESS_DEVICE") == "gpu" or shutil.which("nvidia-smi") is not None

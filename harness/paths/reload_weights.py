@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING
 
-from harness.paths.base import RefitTarget, ReloadPath
+from harness.paths.base import RefitTarget, ReloadPath, scratch_root
 from harness.spec import KnownIssue
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class ReloadKernelFormat(ReloadPath):
     def _snapshot_targets(self, engine: Engine) -> str:
         # Only the engine knows its own layout, so it is asked: a checkpoint-format reload to
         # each target, then vLLM's saver. A goes last, leaving the engine where the segment began.
-        root = tempfile.mkdtemp(prefix="refit-harness-kernel-state-")
+        root = tempfile.mkdtemp(prefix="kernel-state-", dir=scratch_root())
         for target in sorted(set(self.refit_targets), key=lambda t: t == "A"):
             engine.rpc("reload_weights", {"weights_path": self.checkpoints.directory(target)})
             engine.rpc("refit_harness_save_kernel_state", {"directory": f"{root}/{target}"})

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.paths.base import EngineRequirements, EngineRestart, RefitTarget
+from harness.paths.base import EngineRequirements, EngineRestart, RefitTarget, scratch_root
 from harness.paths.reload_weights import ReloadWeightsFromIterator
 from harness.spec import KnownIssue
 
@@ -38,7 +38,7 @@ class ShardedStateRoundTrip(ReloadWeightsFromIterator):
 
     def __init__(self, checkpoints, prompts=None) -> None:
         super().__init__(checkpoints, prompts)
-        self._root = Path(tempfile.mkdtemp(prefix="refit-harness-sharded-state-"))
+        self._root = Path(tempfile.mkdtemp(prefix="sharded-state-", dir=scratch_root()))
         self._saved = 0
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart:

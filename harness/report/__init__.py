@@ -8,7 +8,8 @@ from harness.pipeline import Evaluation
 from harness.report.html import render_html
 from harness.report.summary import render_markdown, summary_dict
 from harness.report.tables import consumed_table, hook_table, tensor_table, token_table
-from harness.store import SCHEMA_VERSION
+from harness.report.tables import csv_text
+from harness.store import SCHEMA_VERSION, write_atomic
 
 
 def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
@@ -18,12 +19,14 @@ def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
     names = ("index.html", "summary.json", "summary.md", "tensors.csv", "tokens.csv", "consumed.csv", "hooks.csv")
     files = {name: out / name for name in names}
     tensors, tokens, consumed, hooks = tensor_table(ev), token_table(ev), consumed_table(ev), hook_table(ev)
+    # Every file is written whole or not at all (temp + fsync + rename): an interrupted or
+    # disk-full run never leaves a truncated report that looks complete.
     for name, table in (("tensors.csv", tensors), ("tokens.csv", tokens), ("consumed.csv", consumed), ("hooks.csv", hooks)):
-        table.to_csv(files[name], index=False)
+        write_atomic(files[name], csv_text(table))
     summary = summary_dict(ev)
-    files["summary.json"].write_text(json.dumps(summary, indent=2, default=str))
-    files["summary.md"].write_text(render_markdown(ev, summary))
-    files["index.html"].write_text(render_html(ev, summary, tensors, tokens, consumed, hooks))
+    write_atomic(files["summary.json"], json.dumps(summary, indent=2, default=str))
+    write_atomic(files["summary.md"], render_markdown(ev, summary))
+    write_atomic(files["index.html"], render_html(ev, summary, tensors, tokens, consumed, hooks))
     return files
 
 

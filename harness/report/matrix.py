@@ -7,6 +7,8 @@ from html import escape
 from pathlib import Path
 
 from harness.pipeline import Evaluation
+from harness.report.summary import md_text
+from harness.store import write_atomic
 from harness.scenario import CellGroup
 from harness.store import SCHEMA_VERSION
 
@@ -25,10 +27,10 @@ def matrix_summary(scenario: str, results: list[tuple[CellGroup, Evaluation]]) -
 
 def write_matrix(out: Path, summary: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     rows = "".join(
-        f"<tr><td><code>{escape(cell)}</code></td><td class='{c['verdict']}'>{c['verdict']}</td>"
-        f"<td><a href='{escape(summary['groups'][c['group']])}'>{escape(c['group'])}</a></td>"
+        f"<tr><td><code>{escape(cell)}</code></td><td class='{escape(c['verdict'])}'>{escape(c['verdict'])}</td>"
+        f"<td>{_link(summary['groups'][c['group']], c['group'])}</td>"
         f"<td>{'<br>'.join(escape(r) for r in c['reasons'])}</td></tr>"
         for cell, c in summary["cells"].items())
     css = ("body{font:14px system-ui,sans-serif;margin:2rem}td,th{border:1px solid #ccd;padding:.25rem .5rem}"
@@ -38,8 +40,20 @@ def write_matrix(out: Path, summary: dict) -> Path:
             f"</title><style>{css}</style></head><body><h1>Scenario <code>{escape(summary['scenario'])}</code></h1>"
             f"<table id='cells'><tr><th>cell</th><th>verdict</th><th>report</th><th>reasons</th></tr>{rows}</table>"
             "</body></html>")
-    (out / "index.html").write_text(page)
-    lines = [f"## refit-harness scenario `{summary['scenario']}`", "", "| cell | verdict |", "|---|---|"]
-    lines += [f"| `{cell}` | {c['verdict']} |" for cell, c in summary["cells"].items()]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_atomic(out / "index.html", page)
+    lines = [f"## refit-harness scenario {md_text(summary['scenario'])}", "", "| cell | verdict |", "|---|---|"]
+    lines += [f"| {md_text(cell)} | {c['verdict']} |" for cell, c in summary["cells"].items()]
+    write_atomic(out / "summary.md", "\n".join(lines) + "\n")
     return out / "index.html"
+
+
+def _link(href: str, text: str) -> str:
+    """A link to a cell group's own report: a relative path inside the run directory only.
+    Group ids come from model labels, so ``javascript:...`` or ``https://...`` is possible;
+    those are shown as text. The path is percent-encoded segment by segment."""
+    from urllib.parse import quote, urlsplit
+
+    parts = urlsplit(href)
+    if parts.scheme or parts.netloc or href.startswith(("/", "\\")) or ".." in href.split("/"):
+        return escape(text)
+    return f"<a href='{escape(quote(href, safe='/'))}'>{escape(text)}</a>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections import Counter
 from typing import Any
 
@@ -64,8 +65,8 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
     lines = [
         "## refit-harness: warm A→B vs cold B",
         "",
-        f"vLLM `{env.get('vllm', '?')}` · torch `{env.get('torch', '?')}` · {env.get('device', '?')} · "
-        f"{env['mode']} · harness `{env['git_sha']}`",
+        f"vLLM {md_code(env.get('vllm', '?'))} · torch {md_code(env.get('torch', '?'))} · "
+        f"{md_text(env.get('device', '?'))} · {md_text(env['mode'])} · harness {md_code(env['git_sha'])}",
         "",
         "| path | verdict | positive control | sabotage control | first divergent tensor | reasons |",
         "|---|---|---|---|---|---|",
@@ -75,14 +76,27 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         ctl_text = "—" if ctl is None else ("detected" if ctl["detected"] else "**missed**")
         so = p.get("sabotage")
         so_text = "—" if so is None else ("caught" if so["caught"] else "**not caught**")
-        reasons = "<br>".join(_md(r) for r in p["reasons"][:4]) or "—"
-        lines.append(f"| `{name}` | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | {so_text} | "
-                     f"{_md(p['first_divergent_tensor'] or '—')} | {reasons} |")
+        reasons = "<br>".join(md_text(r) for r in p["reasons"][:4]) or "—"
+        lines.append(f"| {md_code(name)} | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | {so_text} | "
+                     f"{md_text(p['first_divergent_tensor'] or '—')} | {reasons} |")
     nf = summary["noise_floor"]
     lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
               f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]
     return "\n".join(lines) + "\n"
 
 
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]()!|#~"})
+
+
+def md_text(text) -> str:
+    """Untrusted text (tensor names, engine errors, labels) for GitHub markdown: HTML is
+    escaped (GitHub passes raw HTML through), and markdown syntax that could make a link,
+    an image or break a table row is backslash-escaped."""
+    return html.escape(str(text).replace("\r", " ").replace("\n", " ").translate(_MD_SPECIAL), quote=True)
+
+
+def md_code(text) -> str:
+    """Untrusted text as inline code: nothing inside a code span is rendered, so only a
+    backtick (which would end it) and a table pipe need care."""
+    body = str(text).replace("\r", " ").replace("\n", " ").replace("`", "'").replace("|", "\\|")
+    return f"`{body}`"

@@ -52,3 +52,23 @@ def hook_table(ev: Evaluation) -> pd.DataFrame:
              "runs_on_refit": h.runs, "stale_derived": " ".join(h.stale_derived)}
             for c in ev.comparisons for h in c.hooks]
     return pd.DataFrame(rows, columns=HOOK_COLUMNS)
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP "CSV injection").
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise_formula(value):
+    """Prefix a quote to a text cell a spreadsheet would run as a formula (``=cmd|' /C calc'!A0``);
+    model labels, tensor names and error texts come from checkpoints and engines, not from us."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def csv_text(table: pd.DataFrame) -> str:
+    safe = table.copy()
+    for column in safe.columns:
+        if not pd.api.types.is_numeric_dtype(safe[column]):  # object or pandas' own str dtype
+            safe[column] = safe[column].map(neutralise_formula)
+    return safe.to_csv(index=False)

@@ -166,7 +166,7 @@ def test_every_path_declares_a_sabotage_with_evidence():
 def write_run(tmp_path, device: str, paths=("compiled",), rebound="auto"):
     spec = RunSpec(model="/a", paths=paths, judge=JudgePolicy(rebound=rebound))  # an eager run
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="q_proj.weight")
-    needs = {p: PathNeeds(PATHS.get(p).requirements, PATHS.get(p).refit_targets) for p in paths}
+    needs = {p: PathNeeds.of(PATHS.get(p)) for p in paths}
     plan = make_plan(spec, cs, needs, {})
     store.dump(RunRecord(spec=spec, checkpoints=cs, plan=plan, git_sha="test", started="now"),
                tmp_path / "run.json", "run_record")

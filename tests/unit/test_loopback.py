@@ -1,0 +1,50 @@
+"""The gloo group of the weight-transfer path listens on loopback only (it used to listen
+on every interface: the TCPStore on ``*:PORT``, gloo's pairs on the host's address)."""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+
+import pytest
+
+
+def _listening_addresses() -> set[str]:
+    import psutil
+
+    return {c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+
+
+def test_gloo_transfer_group_listens_on_loopback_only():
+    pytest.importorskip("vllm")
+    import torch
+
+    from harness.engine.transfer import _broadcast, _gloo_group, free_loopback_port
+
+    before = _listening_addresses()
+    port, groups, errors = free_loopback_port(), {}, []
+
+    def join(rank: int) -> None:
+        try:
+            groups[rank] = _gloo_group("127.0.0.1", port, rank, 2)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(groups) == 2, errors
+    opened = _listening_addresses() - before
+    assert opened, "the group opened no listening socket at all?"
+    assert all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip in opened), opened
+
+    sent, received = torch.arange(6, dtype=torch.float32), torch.zeros(6)
+    senders = [threading.Thread(target=_broadcast, args=(groups[0], sent)),
+               threading.Thread(target=_broadcast, args=(groups[1], received))]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(timeout=60)
+    assert torch.equal(sent, received)  # still a working group
