@@ -36,7 +36,8 @@ class TensorRecord:
     address: int
     """``data_ptr()`` at observation time; a change across a refit means the tensor was rebound."""
     digest: str
-    """blake2b-128 of the exact bytes (layout-independent: taken over a contiguous copy)."""
+    """blake3-128 (``harness.observe.DIGEST_ALGORITHM``) of the exact bytes in row-major order
+    (layout-independent); compared only with digests of the same harness version."""
     nan_count: int
     """Number of NaN elements (0 for non-float dtypes)."""
     absmax: float
@@ -76,7 +77,7 @@ class ConsumedTensor:
     address: int
     """``data_ptr()`` when read."""
     digest: str
-    """blake2b-128 of the bytes read."""
+    """blake3-128 of the bytes read, as ``TensorRecord.digest``."""
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,11 @@ def environment() -> tuple[tuple[str, str], ...]:
     import torch
     import vllm
 
+    from harness.observe import DIGEST_ALGORITHM
+
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     return (("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),
-            ("python", platform.python_version()))
+            ("python", platform.python_version()), ("digest", DIGEST_ALGORITHM))
 
 
 def run(arm: ArmPlan, result_path: Path) -> ArmResult:
