@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ray: arms as Ray actors, independent ones at the same time; local: one by one here")
     run.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     run.add_argument("--max-parallel", type=int, help="at most this many arms at once")
+    run.add_argument("--reuse-reference", action=argparse.BooleanOptionalAction, default=None,
+                     help="take the cold-B reference and noise arms from the content-addressed cache when "
+                          "nothing they depend on changed, and store fresh ones (default: off, on when "
+                          "REFIT_HARNESS_REUSE_REFERENCE=1, as in the harness's own tests)")
 
     sub.add_parser("paths", help="list reload paths and where they run")
     sub.add_parser("list", help="list registered scenarios and their cells")
@@ -79,7 +83,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.pipeline import RunRecord, UsageError, execute
     from harness.report import write_reports
 
+    from harness.reference import reuse_by_default
+
     fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel)
+    if args.reuse_reference is None:
+        args.reuse_reference = reuse_by_default()
     if args.scenario:
         return run_scenario(args, fan)
     if args.resume:
@@ -91,7 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         spec, out = spec_from_args(args), Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S")
     try:
-        evaluation = execute(spec, out, _progress, fan=fan, resume=bool(args.resume))
+        evaluation = execute(spec, out, _progress, fan=fan, resume=bool(args.resume),
+                             reuse_reference=args.reuse_reference)
     except UsageError as exc:
         return _fail(str(exc))
     files = write_reports(evaluation, out)
@@ -138,7 +147,8 @@ def run_scenario(args: argparse.Namespace, fan) -> int:
         group = resolve_model(group, args.model)
         _progress(f"cell group {group.id}: {', '.join(group.spec.paths)}")
         try:
-            evaluation = execute(group.spec, out / group.id, _progress, fan=fan, resume=bool(args.resume))
+            evaluation = execute(group.spec, out / group.id, _progress, fan=fan, resume=bool(args.resume),
+                                 reuse_reference=args.reuse_reference)
         except UsageError as exc:
             return _fail(str(exc))
         write_reports(evaluation, out / group.id)

@@ -7,18 +7,20 @@ what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness import checkpoints, store
+from harness import checkpoints, reference, store
 from harness.checkpoints import CheckpointSet
 from harness.compare import PathComparison, compare_path
 from harness.engine.fanout import FanoutSpec
 from harness.plan import ArmPlan, Plan, make_plan
 from harness.records import ArmResult
+from harness.reference import ReferenceInputs
 from harness.spec import RunSpec
 from harness.verdict import Verdict, VerdictStatus, judge, rebound_fails, skipped
 
@@ -43,6 +45,11 @@ class RunRecord:
     """Commit of the harness that ran."""
     started: str
     """UTC start time, ISO 8601."""
+    arm_env: tuple[tuple[str, str], ...] = ()
+    """Environment set for every arm of the run (OpenMP placement), the same for all, so numerics match."""
+    reference_key: str | None = None
+    """Content key of the cold-B reference and noise observations (``harness.reference``); None
+    when reference reuse was off. With ``plan.reused`` set, their results came from the cache."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,8 @@ def validate(spec: RunSpec) -> None:
             raise UsageError(f"prompt token id {too_big[0]} is outside the model's vocabulary ({vocab})")
 
 
-def prepare(spec: RunSpec, out: Path, progress: Progress) -> RunRecord:
+def prepare(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None = None,
+            reuse_reference: bool = False) -> tuple[RunRecord, ReferenceInputs | None]:
     from harness.paths import PATHS
 
     validate(spec)
@@ -98,24 +106,52 @@ def prepare(spec: RunSpec, out: Path, progress: Progress) -> RunRecord:
     classes = {p: PATHS.get(p) for p in spec.paths}
     unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
     needs = {p: (cls.requirements, cls.refit_targets) for p, cls in classes.items()}
-    record = RunRecord(spec=spec, checkpoints=cs, plan=make_plan(spec, cs, needs, unavailable),
-                       git_sha=_git_sha(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    plan = make_plan(spec, cs, needs, unavailable)
+    env = arm_env(plan, spec, fan)
+    key, inputs = None, None
+    if reuse_reference and plan.arms:
+        inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
+        key = reference.reference_key(inputs)
+        if reference.cached(key, checkpoints.DEFAULT_CACHE):
+            plan = replace(plan, reused=reference.CACHED_ROLES)
+    record = RunRecord(spec=spec, checkpoints=cs, plan=plan, git_sha=_git_sha(),
+                       started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       arm_env=tuple(sorted(env.items())), reference_key=key)
     store.dump(record, out / "run.json", "run_record")
-    return record
+    return record, inputs
+
+
+def arm_env(plan: Plan, spec: RunSpec, fan: FanoutSpec | None) -> dict[str, str]:
+    """Thread placement for every arm, from the whole plan (not what is left to run), so a
+    resumed run or a reused reference sees the numerics of the same placement."""
+    from harness.engine.fanout import cpu_thread_env, local_concurrency
+
+    if fan is None or not plan.arms:
+        concurrent = 1
+    else:
+        concurrent = min(len(plan.arms), len(plan.arms) if fan.address else local_concurrency(fan))
+    return cpu_thread_env(concurrent, spec.engine.tensor_parallel_size)
 
 
 def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None = None,
-            resume: bool = False) -> Evaluation:
-    """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here."""
+            resume: bool = False, reuse_reference: bool = False) -> Evaluation:
+    """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here.
+    With ``reuse_reference``, cold-B arms come from the reference cache when their key is
+    there, and fresh ones are stored in it."""
     from harness.engine.runner import arm_files, run_arm
 
-    record = prepare(spec, out, progress)
+    record, inputs = prepare(spec, out, progress, fan, reuse_reference)
     arms = record.plan.arms
+    env = dict(record.arm_env)
     number = {arm.name: i for i, arm in enumerate(arms, 1)}
     todo = []
     for arm in arms:
         if resume and _finished(arm_files(out, arm)[1]):
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
+        elif arm.name in record.plan.reused:
+            shutil.copyfile(reference.cache_dir(record.reference_key, checkpoints.DEFAULT_CACHE)
+                            / f"{arm.role}.result.json", arm_files(out, arm)[1])
+            progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: reused reference {record.reference_key}")
         else:
             todo.append(arm)
 
@@ -129,17 +165,19 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
                  + (f" - {result.error}" if result.error else ""))
 
     if fan is None:
-        from harness.engine.fanout import cpu_thread_env
-
-        env = cpu_thread_env(1, spec.engine.tensor_parallel_size)
         for arm in todo:
             started(arm)
             finished(arm, run_arm(arm, out, env))
     elif todo:
         from harness.engine.fanout import run_arms
 
-        for arm, result in run_arms(todo, out, fan, started):
+        for arm, result in run_arms(todo, out, fan, started, env):
             finished(arm, result)
+    if inputs is not None and not record.plan.reused:
+        fresh = {a.role: arm_files(out, a)[1] for a in arms if a.role in reference.CACHED_ROLES}
+        if all(_finished(f) for f in fresh.values()):
+            reference.save(record.reference_key, inputs, fresh, checkpoints.DEFAULT_CACHE)
+            progress(f"stored reference {record.reference_key} for reuse")
     return evaluate(out)
 
 

@@ -143,7 +143,9 @@ class ArmResult:
     seconds: float
     """Wall time of the arm, engine start included."""
     environment: tuple[tuple[str, str], ...] = field(default=())
-    """vLLM/torch versions, device and similar facts read inside the arm."""
+    """vLLM/torch versions, device, digest algorithm and similar facts read inside the arm."""
+    cold_starts: int = 0
+    """Engines this arm started: 1, plus one per refit through a path that restarts the engine."""
 
     def observation(self, label: str) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

@@ -77,11 +77,12 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     started = time.monotonic()
     observations: list[Observation] = []
     env: tuple[tuple[str, str], ...] = ()
+    cold_starts = 0
 
     def save(status: str, error: str | None) -> ArmResult:
         result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
-                           environment=env)
+                           environment=env, cold_starts=cold_starts)
         store.dump(result, result_path, "arm_result")
         return result
 
@@ -91,6 +92,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     try:
         env = environment()
         paths = {name: PATHS.get(name)(arm.checkpoints) for name in arm.paths}
+        cold_starts += 1
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
         for step in arm.steps:
@@ -101,6 +103,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     watchdog.set()  # the old engine's processes end on purpose
                     engine.close(wait=True)
                     engine = None  # if the new engine fails to start, the old one is not closed twice
+                    cold_starts += 1
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
                     watchdog = watch_engine_processes(lambda why: save("error", why))

@@ -80,9 +80,10 @@ class ArmActor:
         return run_arm(arm, workdir, env)
 
 
-def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec,
-             started: Callable[[ArmPlan], None]) -> Iterator[tuple[ArmPlan, ArmResult]]:
-    """Yield (arm, result) as arms finish; every result is on disk before it is yielded."""
+def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Callable[[ArmPlan], None],
+             env: dict[str, str]) -> Iterator[tuple[ArmPlan, ArmResult]]:
+    """Yield (arm, result) as arms finish; every result is on disk before it is yielded.
+    ``env`` (thread placement) is set for every arm alike."""
     import ray
 
     own_cluster = not ray.is_initialized()
@@ -93,8 +94,6 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec,
             ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
                      object_store_memory=256 << 20)
     try:
-        concurrent = local_concurrency(fan) if not fan.address else len(arms)
-        env = cpu_thread_env(min(concurrent, len(arms)), arms[0].engine.tensor_parallel_size)
         actor_cls = ray.remote(max_restarts=0)(ArmActor)
         pending = {}
         # Longest first: a subject arm refits several times, a cold-B arm observes once, so a
