@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ray: arms as Ray actors, independent ones at the same time; local: one by one here")
     run.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     run.add_argument("--max-parallel", type=int, help="at most this many arms at once")
+    run.add_argument("--ray-resource", action="append", default=[], metavar="NAME=AMOUNT",
+                     help="custom Ray resource each arm requests, e.g. gpu_node=1 to pin arms to nodes offering it")
+    run.add_argument("--stage-checkpoints", action=argparse.BooleanOptionalAction, default=None,
+                     help="copy checkpoints to each Ray node through the object store (default: only with "
+                          "--ray-address); --no-stage-checkpoints when every node sees them on shared storage")
     run.add_argument("--reuse-reference", action=argparse.BooleanOptionalAction, default=None,
                      help="take the cold-B reference and noise arms from the content-addressed cache when "
                           "nothing they depend on changed, and store fresh ones (default: off, on when "
@@ -85,7 +90,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from harness.reference import reuse_by_default
 
-    fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel)
+    try:
+        resources = tuple((name.strip(), float(amount)) for name, _, amount in
+                          (r.partition("=") for r in args.ray_resource))
+    except ValueError:
+        return _fail(f"--ray-resource expects NAME=AMOUNT, got {args.ray_resource}")
+    fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel,
+                                                          custom_resources=resources,
+                                                          stage_checkpoints=args.stage_checkpoints)
     if args.reuse_reference is None:
         args.reuse_reference = reuse_by_default()
     if args.scenario:

@@ -2,16 +2,29 @@
 
 Each actor still runs its arm in an isolated subprocess with a timeout
 (``harness.engine.runner``); Ray only decides where and how many at once. Resource
-requests come from the spec: CPUs (and GPUs on CUDA) per tensor-parallel rank, and a
-memory estimate that caps concurrency on small machines. ``address`` joins an existing
-cluster; without it a local Ray starts and stops with the run.
+requests come from the spec: CPUs (and GPUs on CUDA) per tensor-parallel rank, a
+memory estimate that caps concurrency on small machines, and any custom resources that
+pin arms to nodes. ``address`` joins an existing cluster; without it a local Ray starts
+and stops with the run (``address="local"``: never someone else's cluster).
+
+Nothing is read from a shared disk: an actor runs its arm in a scratch directory on its
+own node and returns the result and the arm's log through Ray's object store; the parent
+writes them into the report directory. Checkpoints reach a node in one of two ways
+(``FanoutSpec.stage_checkpoints``):
+- shared storage: the checkpoint directories are on a path every node sees (NFS, a
+  mounted bucket); nothing is copied. The default for a local Ray.
+- staging: the parent puts each checkpoint file into the object store in chunks, and the
+  first arm on a node writes them under that node's stage directory
+  (``REFIT_HARNESS_STAGE_DIR``, default ``<tmp>/refit-harness-stage``), keyed by content,
+  so later arms on the node find them there. The default with ``--ray-address``. It costs
+  object-store memory of one checkpoint set; with large models prefer shared storage.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.paths.base import cuda_available
@@ -29,11 +42,18 @@ class FanoutSpec:
     """Memory one arm is expected to use (engine processes included); caps concurrency."""
     max_concurrent: int | None = None
     """Upper bound on arms at once; None lets CPUs and memory decide."""
+    custom_resources: tuple[tuple[str, float], ...] = ()
+    """Ray custom resources each arm requests, e.g. ``(("refit_worker", 1),)`` to pin arms to
+    the nodes that offer it."""
+    stage_checkpoints: bool | None = None
+    """Copy checkpoints to each node through the object store; None: only when joining a cluster."""
 
 
 def arm_resources(arm: ArmPlan, fan: FanoutSpec) -> dict:
     ranks = arm.engine.tensor_parallel_size
     res = {"num_cpus": ranks, "memory": fan.arm_memory_bytes}
+    if fan.custom_resources:
+        res["resources"] = dict(fan.custom_resources)
     if cuda_available():
         res["num_gpus"] = ranks
     return res
@@ -70,14 +90,86 @@ def local_concurrency(fan: FanoutSpec) -> int:
     return min(n, fan.max_concurrent) if fan.max_concurrent else n
 
 
+STAGE_DIR_ENV = "REFIT_HARNESS_STAGE_DIR"
+SCRATCH = "<arm scratch>"
+_STAGE_CHUNK_BYTES = 64 << 20
+
+
 class ArmActor:
     """One engine arm as a Ray actor. The engine itself still runs in the arm's own
     process group with a timeout, so a crash or hang cannot take the actor down with it."""
 
-    def run(self, arm: ArmPlan, workdir: Path, env: dict[str, str]) -> ArmResult:
-        from harness.engine.runner import run_arm
+    def run(self, arm: ArmPlan, env: dict[str, str], staged: dict | None,
+            workdir: Path | None) -> tuple[ArmResult, str]:
+        """Run ``arm`` in ``workdir`` (a local Ray: the logs grow where the user looks) or, on a
+        cluster (None), in a scratch directory on this node; return its result and log text."""
+        import shutil
+        import tempfile
+        from dataclasses import replace
 
-        return run_arm(arm, workdir, env)
+        import ray
+
+        from harness.engine.runner import arm_files, run_arm
+
+        if staged is not None:
+            arm = replace(arm, checkpoints=stage_on_this_node(arm.checkpoints, staged))
+        scratch = workdir or Path(tempfile.mkdtemp(prefix=f"refit-arm-{arm.name}-"))
+        try:
+            result = run_arm(arm, scratch, env)
+            log = arm_files(scratch, arm)[2]
+            text = log.read_text(errors="replace") if log.exists() else ""
+        finally:
+            if workdir is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        node = ray.get_runtime_context().get_node_id()
+        result = replace(result, environment=result.environment + (("ray_node", node),),
+                         error=result.error.replace(str(scratch), SCRATCH) if result.error else None)
+        return result, text
+
+
+def stage_refs(directory: str) -> tuple[str, dict[str, list]]:
+    """(content fingerprint, {relative file: [object refs of its chunks]}) of a checkpoint
+    directory, read one chunk at a time: the parent never holds a whole file."""
+    import ray
+
+    from harness.reference import content_fingerprint
+
+    root = Path(directory)
+    files = {}
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        with open(f, "rb") as fh:
+            files[str(f.relative_to(root))] = [ray.put(chunk) for chunk in iter(lambda: fh.read(_STAGE_CHUNK_BYTES), b"")]
+    return content_fingerprint(root), files
+
+
+def stage_on_this_node(cs, staged: dict):
+    """Write the staged checkpoints under this node's stage directory (once per content)
+    and return the checkpoint set pointing there."""
+    import os
+    import shutil
+    import tempfile
+    from dataclasses import replace
+
+    import ray
+
+    root = Path(os.environ.get(STAGE_DIR_ENV) or Path(tempfile.gettempdir()) / "refit-harness-stage")
+    moved = {}
+    for field, (fingerprint, files) in staged.items():
+        dest = root / fingerprint
+        if not dest.is_dir():
+            tmp = root / f"{fingerprint}.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            for name, chunks in files.items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp / name, "wb") as fh:
+                    for ref in chunks:
+                        fh.write(ray.get(ref))
+            try:
+                os.replace(tmp, dest)
+            except OSError:  # another arm on this node staged it meanwhile
+                shutil.rmtree(tmp, ignore_errors=True)
+        moved[field] = str(dest)
+    return replace(cs, **moved)
 
 
 def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Callable[[ArmPlan], None],
@@ -86,27 +178,41 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
     ``env`` (thread placement) is set for every arm alike."""
     import ray
 
+    from harness import store
+    from harness.engine.runner import arm_files
+
     own_cluster = not ray.is_initialized()
     if own_cluster:
         if fan.address:
             ray.init(address=fan.address, log_to_driver=False)
         else:
-            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
                      object_store_memory=256 << 20)
     try:
+        stage = fan.address is not None if fan.stage_checkpoints is None else fan.stage_checkpoints
+        staged = None
+        if stage:
+            cs = arms[0].checkpoints
+            staged = {field: stage_refs(getattr(cs, field)) for field in ("a", "b", "b_control")}
         actor_cls = ray.remote(max_restarts=0)(ArmActor)
         pending = {}
         # Longest first: a subject arm refits several times, a cold-B arm observes once, so a
         # subject beside the reference, then the noise arm, saves a round on two slots.
         for arm in sorted(arms, key=lambda a: len(a.steps), reverse=True):
             started(arm)
+            store.dump(arm, arm_files(workdir, arm)[0], "arm_plan")
             actor = actor_cls.options(**arm_resources(arm, fan)).remote()
-            pending[actor.run.remote(arm, workdir, env)] = (arm, actor)
+            pending[actor.run.remote(arm, env, staged, None if fan.address else workdir)] = (arm, actor)
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             arm, actor = pending.pop(done[0])
-            result = ray.get(done[0])
+            result, log = ray.get(done[0])
             ray.kill(actor)
+            _, result_file, log_file = arm_files(workdir, arm)
+            log_file.write_text(log)
+            if result.error:  # name the log the parent wrote, not the node's scratch copy
+                result = replace(result, error=result.error.replace(SCRATCH, str(workdir)))
+            store.dump(result, result_file, "arm_result")
             yield arm, result
     finally:
         if own_cluster:

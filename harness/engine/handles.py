@@ -125,7 +125,7 @@ class RayEngine(Engine):
         from vllm import LLM
 
         if not ray.is_initialized():
-            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
         self._ray = ray
         # The actor holds no Ray CPU: vLLM's own processes do the work; a CPU request would
