@@ -164,7 +164,8 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
         progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
                  + (f" - {result.error}" if result.error else ""))
 
-    if fan is None:
+    if fan is None or (len(todo) == 1 and not fan.address):
+        # One arm needs no scheduling: starting a local Ray for it would only add seconds.
         for arm in todo:
             started(arm)
             finished(arm, run_arm(arm, out, env))
