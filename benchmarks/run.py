@@ -319,8 +319,9 @@ def bench_model_size(repeats: int) -> dict:
     for name, dims in SIZES.items():
         model = wide_model(name, dims, DEFAULT_CACHE / "models")
         size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+        # One arm at a time: a 2 GB model's engines would not fit two at once beside other users.
         run = harness_run(["--model", str(model), "--paths", "reload_weights", "--no-reuse-reference",
-                           "--arm-timeout", "1800"], work / name)
+                           "--arm-timeout", "1800", "--max-parallel", "1"], work / name)
         results[name] = {"checkpoint_bytes": size, "seconds": run["seconds"], "exit_code": run["exit_code"],
                          "parent_peak_rss_bytes": run["parent_peak_rss_bytes"],
                          "arm_peak_rss_bytes": run["arm_peak_rss_bytes"],

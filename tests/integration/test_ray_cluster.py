@@ -70,11 +70,11 @@ def two_node_cluster():
 
     try:
         start(["--head", f"--port={port}", f"--ray-client-server-port={client_port}", f"--temp-dir={head_tmp}",
-               "--num-cpus=0", "--include-dashboard=false", *_node_ports()], root / "head.log", {})
+               "--num-cpus=0", "--include-dashboard=false", f"--object-store-memory={512 << 20}", *_node_ports()], root / "head.log", {})
         address = f"127.0.0.1:{port}"
         _wait_for(lambda: (head_tmp / "ray_current_cluster").exists(), 120, root / "head.log")
         start([f"--address={address}", f"--temp-dir={worker_tmp}", "--num-cpus=2",
-               '--resources={"refit_worker": 2}', f"--memory={12 << 30}", *_node_ports()], root / "worker.log",
+               '--resources={"refit_worker": 2}', f"--memory={12 << 30}", f"--object-store-memory={512 << 20}", *_node_ports()], root / "worker.log",
               {"REFIT_HARNESS_STAGE_DIR": str(stage)})
         _wait_for(lambda: any(worker_tmp.glob("session_*/logs/raylet.out")), 120, root / "worker.log")
         yield {"address": address, "stage": stage, "env": env, "root": root}
