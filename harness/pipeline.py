@@ -7,6 +7,7 @@ what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -122,14 +123,18 @@ def prepare(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
 
 
 def arm_env(plan: Plan, spec: RunSpec, fan: FanoutSpec | None) -> dict[str, str]:
-    """Thread placement for every arm, from the whole plan (not what is left to run), so a
-    resumed run or a reused reference sees the numerics of the same placement."""
-    from harness.engine.fanout import cpu_thread_env, local_concurrency
+    """Thread placement for every arm. It depends only on the whole plan and the machine's
+    CPUs, never on what is left to run or on free memory at the moment, so a resumed run or
+    a subject beside a reused reference sees the numerics of the same placement. (Memory
+    still caps how many arms Ray runs at once.)"""
+    from harness.engine.fanout import cpu_thread_env
 
     if fan is None or not plan.arms:
         concurrent = 1
+    elif fan.address:
+        concurrent = len(plan.arms)
     else:
-        concurrent = min(len(plan.arms), len(plan.arms) if fan.address else local_concurrency(fan))
+        concurrent = min(len(plan.arms), os.cpu_count() or 1, fan.max_concurrent or len(plan.arms))
     return cpu_thread_env(concurrent, spec.engine.tensor_parallel_size)
 
 

@@ -148,3 +148,23 @@ def test_cache_returns_both_arms_only_when_both_are_ok(base, tmp_path):
     store.dump(arm("noise", "noise", obs("cold_B", A), error="boom"), files["noise"], "arm_result")
     reference.save("other", inputs, files, cache)
     assert reference.cached("other", cache) is None
+
+
+def test_thread_placement_depends_on_the_plan_and_cpus_not_on_free_memory(monkeypatch, tmp_path):
+    from harness import pipeline
+    from harness.engine import fanout
+    from harness.engine.fanout import FanoutSpec
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(fanout, "cuda_available", lambda: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    spec = RunSpec(model="/a")
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="w")
+    plan = make_plan(spec, cs, {"reload_weights": (EngineRequirements(), ("B",))}, {})
+    envs = set()
+    for free_pages in (1, 10 ** 9):  # almost no free memory, then plenty
+        monkeypatch.setattr(os, "sysconf", lambda name, p=free_pages: p if name == "SC_AVPHYS_PAGES" else 4096)
+        envs.add(tuple(sorted(pipeline.arm_env(plan, spec, FanoutSpec()).items())))
+    assert envs == {(("OMP_NUM_THREADS", "1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"))}
+    assert pipeline.arm_env(plan, spec, FanoutSpec(max_concurrent=1)) == {}
+    assert pipeline.arm_env(plan, spec, None) == {}
