@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed-$(DEVICE)
 PIP_QUIET := 2>&1 | grep -v "^WARNING: Location" || true
 RUN_ARGS ?= -s default
 PYTEST_ARGS ?=
+BENCH ?=
 
 .PHONY: setup run test bench browser clean
 
@@ -37,7 +38,7 @@ test: setup browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(BENCH)
 
 clean:
 	rm -rf $(VENV) reports/*/ .pytest_cache

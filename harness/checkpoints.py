@@ -115,15 +115,15 @@ def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -
 
 def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B: ``source`` with ``spec`` applied to every tensor."""
+    key = hashlib.sha256(f"{fingerprint(source)}|{spec}".encode()).hexdigest()[:16]
+    dest = cache / "derived" / f"{Path(source).name}-B-{key}"
+    if (dest / "model.safetensors").is_file():
+        return dest  # before importing torch: that import is most of a cached prepare (profiled)
     import torch
 
     from harness.perturb import PERTURBATIONS
 
     fn = PERTURBATIONS.get(spec.name)
-    key = hashlib.sha256(f"{fingerprint(source)}|{spec}".encode()).hexdigest()[:16]
-    dest = cache / "derived" / f"{Path(source).name}-B-{key}"
-    if (dest / "model.safetensors").is_file():
-        return dest
     gen = torch.Generator().manual_seed(spec.seed)
     weights = load_weights(source)
     out = {name: fn(name, t, gen, spec.strength) for name, t in sorted(weights.items())}
@@ -132,6 +132,10 @@ def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE
 
 def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B': ``source`` with one tensor scaled by ``control.scale``."""
+    key = hashlib.sha256(f"{fingerprint(source)}|{control}".encode()).hexdigest()[:16]
+    dest = cache / "derived" / f"{Path(source).name}-control-{key}"
+    if (dest / "model.safetensors").is_file():
+        return dest  # made (and its tensor checked) before, from the same source
     from harness.perturb import scale
 
     weights = load_weights(source)
@@ -140,10 +144,6 @@ def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT
         raise CheckpointError(
             f"positive-control tensor {control.tensor!r} is not in {source}; e.g. {close or sorted(weights)[:5]}"
         )
-    key = hashlib.sha256(f"{fingerprint(source)}|{control}".encode()).hexdigest()[:16]
-    dest = cache / "derived" / f"{Path(source).name}-control-{key}"
-    if (dest / "model.safetensors").is_file():
-        return dest
     weights[control.tensor] = scale(control.tensor, weights[control.tensor], None, control.scale - 1.0)
     return write_derived(source, dest, weights)
 

@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-remote-ray", action="store_true",
                      help="allow a --ray-address off this machine (its Ray runs the engines)")
     run.add_argument("--max-parallel", type=_positive_int, help="at most this many arms at once")
+    run.add_argument("--ray-resource", action="append", default=[], metavar="NAME=AMOUNT",
+                     help="custom Ray resource each arm requests, e.g. gpu_node=1 to pin arms to nodes offering it")
+    run.add_argument("--stage-checkpoints", action=argparse.BooleanOptionalAction, default=None,
+                     help="copy checkpoints to each Ray node through the object store (default: only with "
+                          "--ray-address); --no-stage-checkpoints when every node sees them on shared storage")
+    run.add_argument("--reuse-reference", action=argparse.BooleanOptionalAction, default=None,
+                     help="take the cold-B reference and noise arms from the content-addressed cache when "
+                          "nothing they depend on changed, and store fresh ones (default: off, on when "
+                          "REFIT_HARNESS_REUSE_REFERENCE=1, as in the harness's own tests)")
 
     sub.add_parser("paths", help="list reload paths and where they run")
     sub.add_parser("list", help="list registered scenarios and their cells")
@@ -162,11 +171,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.pipeline import RunRecord, UsageError, evaluate, execute
     from harness.report import write_reports
 
+    from harness.reference import reuse_by_default
+
     try:
         check_ray_address(args.ray_address, args.allow_remote_ray)
     except ValueError as exc:
         return _fail(str(exc))
-    fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel)
+    try:
+        resources = tuple((name.strip(), float(amount)) for name, _, amount in
+                          (r.partition("=") for r in args.ray_resource))
+    except ValueError:
+        return _fail(f"--ray-resource expects NAME=AMOUNT, got {args.ray_resource}")
+    fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel,
+                                                          custom_resources=resources,
+                                                          stage_checkpoints=args.stage_checkpoints)
+    if args.reuse_reference is None:
+        args.reuse_reference = reuse_by_default()
     if args.scenario:
         return run_scenario(args, fan)
     if args.resume:
@@ -182,7 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         except UsageError as exc:
             return _fail(str(exc))
     try:
-        evaluation = execute(spec, out, _progress, fan=fan, resume=bool(args.resume))
+        evaluation = execute(spec, out, _progress, fan=fan, resume=bool(args.resume),
+                             reuse_reference=args.reuse_reference)
     except UsageError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt as exc:
@@ -242,7 +263,8 @@ def run_scenario(args: argparse.Namespace, fan) -> int:
         group = resolve_model(group, args.model)
         _progress(f"cell group {group.id}: {', '.join(group.spec.paths)}")
         try:
-            evaluation = execute(group.spec, out / group.id, _progress, fan=fan, resume=bool(args.resume))
+            evaluation = execute(group.spec, out / group.id, _progress, fan=fan, resume=bool(args.resume),
+                                 reuse_reference=args.reuse_reference)
         except UsageError as exc:
             return _fail(str(exc))
         except KeyboardInterrupt as exc:

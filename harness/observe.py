@@ -9,11 +9,11 @@ which this walk also visits.
 from __future__ import annotations
 
 import functools
-import hashlib
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import blake3
 import torch
 from torch import nn
 
@@ -38,15 +38,50 @@ class CensusEntry:
     tensor: torch.Tensor
 
 
+DIGEST_ALGORITHM = "blake3-128"
+"""Name of the digest every record carries (see ``TensorRecord.digest``). Digests are
+compared only with digests from the same harness version."""
+_DIGEST_CHUNK_BYTES = 64 << 20  # bounds the copy of a non-contiguous or device tensor
+_DIGEST_THREADED_BYTES = 1 << 20  # below this, blake3's thread pool costs more than it saves
+
+
 def tensor_digest(t: torch.Tensor) -> str:
-    """blake2b-128 of the tensor's bytes; dtype and shape are recorded beside it."""
+    """blake3-128 of the tensor's bytes in row-major order; dtype and shape are recorded beside it.
+
+    A contiguous CPU tensor is hashed in place through a zero-copy view of its memory;
+    a non-contiguous or device tensor is copied to host one chunk of rows at a time, so
+    the hash never holds a second copy of a large tensor. The bytes hashed are the same
+    either way, so the digest does not depend on the layout.
+    """
     if t.device.type == "meta":
         return "meta"
-    data = t.detach().contiguous().cpu()
+    data = t.detach()
+    nbytes = data.numel() * data.element_size()
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if nbytes >= _DIGEST_THREADED_BYTES else 1)
+    for chunk in _host_chunks(data, nbytes):
+        hasher.update(chunk)
+    return hasher.hexdigest(length=16)
+
+
+def _host_chunks(data: torch.Tensor, nbytes: int) -> Iterator[memoryview]:
+    """The tensor's bytes in row-major order, as host buffers of at most a chunk (one row
+    of dim 0 may be larger), without copying a contiguous CPU tensor."""
     if data.numel() == 0:
-        return hashlib.blake2b(b"", digest_size=16).hexdigest()
-    raw = data.reshape(-1).view(torch.uint8).numpy()
-    return hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest()
+        return
+    if data.device.type == "cpu" and data.is_contiguous():
+        yield _bytes_view(data)
+        return
+    if data.dim() == 0 or nbytes <= _DIGEST_CHUNK_BYTES:
+        yield _bytes_view(data.contiguous().cpu())
+        return
+    rows = max(1, data.shape[0] * _DIGEST_CHUNK_BYTES // nbytes)
+    for start in range(0, data.shape[0], rows):
+        yield _bytes_view(data[start:start + rows].contiguous().cpu())
+
+
+def _bytes_view(data: torch.Tensor) -> memoryview:
+    # Through uint8, because numpy has no bfloat16/float8; reshape of a contiguous tensor is a view.
+    return memoryview(data.reshape(-1).view(torch.uint8).numpy())
 
 
 def nan_count(t: torch.Tensor) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -15,12 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness import checkpoints, store
+from harness import checkpoints, reference, store
 from harness.checkpoints import CheckpointSet
 from harness.compare import PathComparison, compare_path
 from harness.engine.fanout import FanoutSpec
 from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, sabotaged_twin
 from harness.records import ArmResult
+from harness.reference import ReferenceInputs
 from harness.spec import RunSpec, shared_prefix_prompts
 from harness.verdict import Verdict, VerdictStatus, judge, judge_sabotage, rebound_fails, skipped, with_sabotage
 
@@ -47,6 +49,11 @@ class RunRecord:
     """Commit of the harness that ran."""
     started: str
     """UTC start time, ISO 8601."""
+    arm_env: tuple[tuple[str, str], ...] = ()
+    """Environment set for every arm of the run (OpenMP placement), the same for all, so numerics match."""
+    reference_key: str | None = None
+    """Content key of the cold-B reference and noise observations (``harness.reference``); None
+    when reference reuse was off. With ``plan.reused`` set, their results came from the cache."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,8 @@ def first_difference(old, new, where: str = "") -> str | None:
     return None
 
 
-def prepare(spec: RunSpec, out: Path, progress: Progress, resume: bool = False) -> RunRecord:
+def prepare(spec: RunSpec, out: Path, progress: Progress, resume: bool = False, fan: FanoutSpec | None = None,
+            reuse_reference: bool = False) -> tuple[RunRecord, ReferenceInputs | None]:
     from harness.paths import PATHS
 
     validate(spec)
@@ -146,12 +154,36 @@ def prepare(spec: RunSpec, out: Path, progress: Progress, resume: bool = False) 
     classes = {p: PATHS.get(p) for p in spec.paths}
     unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
-    started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # The record keeps the spec as asked; the plan carries the resolved prompts.
-    record = RunRecord(spec=spec, checkpoints=cs, plan=make_plan(resolve_prompts(spec), cs, needs, unavailable),
-                       git_sha=_git_sha(), started=started)
+    plan = make_plan(resolve_prompts(spec), cs, needs, unavailable)
+    env = arm_env(plan, spec, fan)
+    key, inputs = None, None
+    if reuse_reference and plan.arms:
+        inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
+        key = reference.reference_key(inputs)
+        if reference.cached(key, checkpoints.DEFAULT_CACHE):
+            plan = replace(plan, reused=reference.CACHED_ROLES)
+    started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record = RunRecord(spec=spec, checkpoints=cs, plan=plan, git_sha=_git_sha(), started=started,
+                       arm_env=tuple(sorted(env.items())), reference_key=key)
     store.dump(record, out / "run.json", "run_record")
-    return record
+    return record, inputs
+
+
+def arm_env(plan: Plan, spec: RunSpec, fan: FanoutSpec | None) -> dict[str, str]:
+    """Thread placement for every arm. It depends only on the whole plan and the machine's
+    CPUs, never on what is left to run or on free memory at the moment, so a resumed run or
+    a subject beside a reused reference sees the numerics of the same placement. (Memory
+    still caps how many arms Ray runs at once.)"""
+    from harness.engine.fanout import cpu_thread_env
+
+    if fan is None or not plan.arms:
+        concurrent = 1
+    elif fan.address:
+        concurrent = len(plan.arms)
+    else:
+        concurrent = min(len(plan.arms), os.cpu_count() or 1, fan.max_concurrent or len(plan.arms))
+    return cpu_thread_env(concurrent, spec.engine.tensor_parallel_size)
 
 
 def arm_key(arm: ArmPlan, git_sha: str) -> str:
@@ -185,12 +217,15 @@ def _vllm_version() -> str:
 
 
 def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None = None,
-            resume: bool = False) -> Evaluation:
-    """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here."""
+            resume: bool = False, reuse_reference: bool = False) -> Evaluation:
+    """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here.
+    With ``reuse_reference``, cold-B arms come from the reference cache when their key is
+    there, and fresh ones are stored in it."""
     from harness.engine.runner import arm_files, kill_recorded_groups, run_arm, store_error
 
-    record = prepare(spec, out, progress, resume)
+    record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference)
     arms = record.plan.arms
+    env = dict(record.arm_env)
     keys = {arm.name: arm_key(arm, record.git_sha) for arm in arms}
     number = {arm.name: i for i, arm in enumerate(arms, 1)}
     todo = []
@@ -198,6 +233,10 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
         kept = _finished(arm_files(out, arm)[1], keys[arm.name]) if resume else None
         if kept == "ok":
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
+        elif arm.name in record.plan.reused:
+            shutil.copyfile(reference.cache_dir(record.reference_key, checkpoints.DEFAULT_CACHE)
+                            / f"{arm.role}.result.json", arm_files(out, arm)[1])
+            progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: reused reference {record.reference_key}")
         else:
             if kept:
                 progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: finished, but {kept}; running it again")
@@ -213,10 +252,8 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
                  + (f" - {result.error}" if result.error else ""))
 
     try:
-        if fan is None:
-            from harness.engine.fanout import cpu_thread_env
-
-            env = cpu_thread_env(1, spec.engine.tensor_parallel_size)
+        if fan is None or (len(todo) == 1 and not fan.address):
+            # One arm needs no scheduling: starting a local Ray for it would only add seconds.
             queue = list(todo)
             while queue:
                 arm = queue.pop(0)
@@ -232,10 +269,16 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
         elif todo:
             from harness.engine.fanout import run_arms
 
-            for arm, result in run_arms(todo, out, fan, started, keys):
+            for arm, result in run_arms(todo, out, fan, started, env, keys):
                 finished(arm, result)
     finally:
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
+    if inputs is not None and not record.plan.reused:
+        fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
+        if all(_finished(f, key) == "ok" for f, key in fresh.values()):
+            reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()},
+                           checkpoints.DEFAULT_CACHE)
+            progress(f"stored reference {record.reference_key} for reuse")
     return evaluate(out)
 
 

@@ -100,6 +100,8 @@ class Plan:
     """Reference and noise arms first, then one subject arm per group of paths."""
     skipped: tuple[SkippedPath, ...]
     """Paths that will be reported SKIPPED."""
+    reused: tuple[str, ...] = ()
+    """Arms not run because their results come from the reference cache (``harness.reference``)."""
 
     def subject_of(self, path: str) -> ArmPlan | None:
         return next((a for a in self.arms if path in a.paths), None)

@@ -28,9 +28,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--refit-scenario", default="default", help="scenario whose cells become items")
     group.addoption("--refit-model", default=None, help="checkpoint directory replacing the scenario's model")
     group.addoption("--refit-out", default=None, help="where the scenario report goes")
+    group.addoption("--refit-fresh-reference", action="store_true",
+                    help="cold-start every reference and noise arm (default in tests: reuse them from the "
+                         "content-addressed cache when nothing they depend on changed)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from harness.reference import REUSE_ENV
+
+    # Reference reuse is on in tests (every run_oracle subprocess inherits it) unless asked
+    # otherwise here or by REFIT_HARNESS_REUSE_REFERENCE=0 (the nightly sets that).
+    if config.getoption("--refit-fresh-reference"):
+        os.environ[REUSE_ENV] = "0"
+    else:
+        os.environ.setdefault(REUSE_ENV, "1")
     config.addinivalue_line("markers", "cpu: runs a real vLLM engine on the CPU")
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with a reason elsewhere")
 
@@ -163,7 +174,9 @@ def _group_evaluation(config: pytest.Config, group):
         selected = config.stash.get(_SELECTED, {}).get(group.id, group.spec.paths)
         group = replace(group, spec=replace(group.spec, paths=selected))  # run only what -k/-m kept
         resolved = resolve_model(group, config.getoption("--refit-model"))
-        evaluation = execute(resolved.spec, out, lambda m: None, fan=FanoutSpec())
+        from harness.reference import reuse_by_default
+
+        evaluation = execute(resolved.spec, out, lambda m: None, fan=FanoutSpec(), reuse_reference=reuse_by_default())
         write_reports(evaluation, out)
         cache[group.id] = (resolved, evaluation)
     return cache[group.id][1]

@@ -36,7 +36,8 @@ class TensorRecord:
     address: int
     """``data_ptr()`` at observation time; a change across a refit means the tensor was rebound."""
     digest: str
-    """blake2b-128 of the exact bytes (layout-independent: taken over a contiguous copy)."""
+    """blake3-128 (``harness.observe.DIGEST_ALGORITHM``) of the exact bytes in row-major order
+    (layout-independent); compared only with digests of the same harness version."""
     nan_count: int
     """Number of NaN elements (0 for non-float dtypes)."""
     absmax: float
@@ -79,7 +80,7 @@ class ConsumedTensor:
     address: int
     """``data_ptr()`` when read."""
     digest: str
-    """blake2b-128 of the bytes read."""
+    """blake3-128 of the bytes read, as ``TensorRecord.digest``."""
     nan_count: int = 0
     """NaN elements read (a NaN counts as a difference, as for census tensors)."""
 
@@ -147,7 +148,7 @@ class ArmResult:
     seconds: float
     """Wall time of the arm, engine start included."""
     environment: tuple[tuple[str, str], ...] = field(default=())
-    """vLLM/torch versions, device and similar facts read inside the arm."""
+    """vLLM/torch versions, device, digest algorithm and similar facts read inside the arm."""
     failed_path: str | None = None
     """With ``status`` error: the reload path whose segment was running when the arm failed
     (None: the cold start, or not known). Segments before it completed and are judged."""
@@ -156,6 +157,8 @@ class ArmResult:
     key: str = ""
     """What the arm was measured with (plan, checkpoint fingerprints, vLLM version, harness
     commit), hashed; ``--resume`` keeps a finished arm only when its key still matches."""
+    cold_starts: int = 0
+    """Engines this arm started: 1, plus one per refit through a path that restarts the engine."""
 
     def observation(self, label: str) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

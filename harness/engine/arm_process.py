@@ -64,9 +64,11 @@ def environment() -> tuple[tuple[str, str], ...]:
     import torch
     import vllm
 
+    from harness.observe import DIGEST_ALGORITHM
+
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     return (("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),
-            ("python", platform.python_version()))
+            ("python", platform.python_version()), ("digest", DIGEST_ALGORITHM))
 
 
 def run(arm: ArmPlan, result_path: Path) -> ArmResult:
@@ -77,12 +79,13 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     env: tuple[tuple[str, str], ...] = ()
     current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
     save_lock = threading.Lock()  # the watchdog thread saves too
+    cold_starts = 0
 
     def save(status: str, error: str | None) -> ArmResult:
         path, step = current[0] if status == "error" else (None, None)
         result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
-                           environment=env, failed_path=path, failed_step=step)
+                           environment=env, failed_path=path, failed_step=step, cold_starts=cold_starts)
         with save_lock:
             store.dump(result, result_path, "arm_result")
         return result
@@ -93,6 +96,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     try:
         env = environment()
         paths = {name: PATHS.get(name)(arm.checkpoints, arm.prompts) for name in arm.paths}
+        cold_starts += 1
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
         for step in arm.steps:
@@ -112,6 +116,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     watchdog.set()  # the old engine's processes end on purpose
                     engine.close(wait=True)
                     engine = None  # if the new engine fails to start, the old one is not closed twice
+                    cold_starts += 1
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
                     watchdog = watch_engine_processes(lambda why: save("error", why))

@@ -2,16 +2,29 @@
 
 Each actor still runs its arm in an isolated subprocess with a timeout
 (``harness.engine.runner``); Ray only decides where and how many at once. Resource
-requests come from the spec: CPUs (and GPUs on CUDA) per tensor-parallel rank, and a
-memory estimate that caps concurrency on small machines. ``address`` joins an existing
-cluster; without it a local Ray starts and stops with the run.
+requests come from the spec: CPUs (and GPUs on CUDA) per tensor-parallel rank, a
+memory estimate that caps concurrency on small machines, and any custom resources that
+pin arms to nodes. ``address`` joins an existing cluster; without it a local Ray starts
+and stops with the run (``address="local"``: never someone else's cluster).
+
+Nothing is read from a shared disk: an actor runs its arm in a scratch directory on its
+own node and returns the result and the arm's log through Ray's object store; the parent
+writes them into the report directory. Checkpoints reach a node in one of two ways
+(``FanoutSpec.stage_checkpoints``):
+- shared storage: the checkpoint directories are on a path every node sees (NFS, a
+  mounted bucket); nothing is copied. The default for a local Ray.
+- staging: the parent puts each checkpoint file into the object store in chunks, and the
+  first arm on a node writes them under that node's stage directory
+  (``REFIT_HARNESS_STAGE_DIR``, default ``<tmp>/refit-harness-stage``), keyed by content,
+  so later arms on the node find them there. The default with ``--ray-address``. It costs
+  object-store memory of one checkpoint set; with large models prefer shared storage.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.paths.base import cuda_available
@@ -29,6 +42,11 @@ class FanoutSpec:
     """Memory one arm is expected to use (engine processes included); caps concurrency."""
     max_concurrent: int | None = None
     """Upper bound on arms at once; None lets CPUs and memory decide."""
+    custom_resources: tuple[tuple[str, float], ...] = ()
+    """Ray custom resources each arm requests, e.g. ``(("refit_worker", 1),)`` to pin arms to
+    the nodes that offer it."""
+    stage_checkpoints: bool | None = None
+    """Copy checkpoints to each node through the object store; None: only when joining a cluster."""
 
 
 class InfrastructureError(RuntimeError):
@@ -88,6 +106,8 @@ def restore_signal_handlers() -> None:
 def arm_resources(arm: ArmPlan, fan: FanoutSpec) -> dict:
     ranks = arm.engine.tensor_parallel_size
     res = {"num_cpus": ranks, "memory": fan.arm_memory_bytes}
+    if fan.custom_resources:
+        res["resources"] = dict(fan.custom_resources)
     if cuda_available():
         res["num_gpus"] = ranks
     return res
@@ -124,23 +144,102 @@ def local_concurrency(fan: FanoutSpec) -> int:
     return min(n, fan.max_concurrent) if fan.max_concurrent else n
 
 
+STAGE_DIR_ENV = "REFIT_HARNESS_STAGE_DIR"
+SCRATCH = "<arm scratch>"
+_STAGE_CHUNK_BYTES = 64 << 20
+
+
 class ArmActor:
     """One engine arm as a Ray actor. The engine itself still runs in the arm's own
     process group with a timeout, so a crash or hang cannot take the actor down with it."""
 
-    def run(self, arm: ArmPlan, workdir: Path, env: dict[str, str], key: str = "") -> ArmResult:
-        from harness.engine.runner import run_arm
+    def run(self, arm: ArmPlan, env: dict[str, str], staged: dict | None,
+            workdir: Path | None, key: str = "") -> tuple[ArmResult, str]:
+        """Run ``arm`` in ``workdir`` (a local Ray: the logs grow where the user looks) or, on a
+        cluster (None), in a scratch directory on this node; return its result and log text.
+        ``key`` stamps the result with what it was measured with (see ``--resume``)."""
+        import shutil
+        import tempfile
+        from dataclasses import replace
 
-        return run_arm(arm, workdir, env, key)
+        import ray
+
+        from harness.engine.runner import arm_files, run_arm
+
+        if staged is not None:
+            arm = replace(arm, checkpoints=stage_on_this_node(arm.checkpoints, staged))
+        scratch = workdir or Path(tempfile.mkdtemp(prefix=f"refit-arm-{arm.name}-"))
+        try:
+            result = run_arm(arm, scratch, env, key)
+            log = arm_files(scratch, arm)[2]
+            text = log.read_text(errors="replace") if log.exists() else ""
+        finally:
+            if workdir is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        node = ray.get_runtime_context().get_node_id()
+        result = replace(result, environment=result.environment + (("ray_node", node),),
+                         error=result.error.replace(str(scratch), SCRATCH) if result.error else None)
+        return result, text
+
+
+STAGED_CHECKPOINTS = ("a", "b", "b_control", "b_without_control")
+"""``CheckpointSet`` fields staged on a node, where set."""
+
+
+def stage_refs(directory: str) -> tuple[str, dict[str, list]]:
+    """(content fingerprint, {relative file: [object refs of its chunks]}) of a checkpoint
+    directory, read one chunk at a time: the parent never holds a whole file."""
+    import ray
+
+    from harness.reference import content_fingerprint
+
+    root = Path(directory)
+    files = {}
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        with open(f, "rb") as fh:
+            files[str(f.relative_to(root))] = [ray.put(chunk) for chunk in iter(lambda: fh.read(_STAGE_CHUNK_BYTES), b"")]
+    return content_fingerprint(root), files
+
+
+def stage_on_this_node(cs, staged: dict):
+    """Write the staged checkpoints under this node's stage directory (once per content)
+    and return the checkpoint set pointing there."""
+    import os
+    import shutil
+    import tempfile
+    from dataclasses import replace
+
+    import ray
+
+    root = Path(os.environ.get(STAGE_DIR_ENV) or Path(tempfile.gettempdir()) / "refit-harness-stage")
+    moved = {}
+    for field, (fingerprint, files) in staged.items():
+        dest = root / fingerprint
+        if not dest.is_dir():
+            tmp = root / f"{fingerprint}.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            for name, chunks in files.items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp / name, "wb") as fh:
+                    for ref in chunks:
+                        fh.write(ray.get(ref))
+            try:
+                os.replace(tmp, dest)
+            except OSError:  # another arm on this node staged it meanwhile
+                shutil.rmtree(tmp, ignore_errors=True)
+        moved[field] = str(dest)
+    return replace(cs, **moved)
 
 
 def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Callable[[ArmPlan], None],
-             keys: dict[str, str] | None = None) -> Iterator[tuple[ArmPlan, ArmResult]]:
+             env: dict[str, str], keys: dict[str, str] | None = None) -> Iterator[tuple[ArmPlan, ArmResult]]:
     """Yield (arm, result) as arms finish; every result is on disk before it is yielded.
-    ``keys`` stamps each result with what it was measured with (see ``--resume``)."""
+    ``env`` (thread placement) is set for every arm alike; ``keys`` stamps each result with
+    what it was measured with (see ``--resume``)."""
     import ray
 
-    from harness.engine.runner import store_error
+    from harness import store
+    from harness.engine.runner import arm_files, store_error
 
     own_cluster = not ray.is_initialized()
     if own_cluster:
@@ -155,28 +254,41 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
                                       f"{type(exc).__name__}: {str(exc)[:300]}") from exc
         restore_signal_handlers()
     try:
-        concurrent = local_concurrency(fan) if not fan.address else len(arms)
-        env = cpu_thread_env(min(concurrent, len(arms)), arms[0].engine.tensor_parallel_size)
+        stage = fan.address is not None if fan.stage_checkpoints is None else fan.stage_checkpoints
+        staged = None
+        if stage:
+            cs = arms[0].checkpoints
+            staged = {field: stage_refs(getattr(cs, field)) for field in STAGED_CHECKPOINTS if getattr(cs, field)}
         actor_cls = ray.remote(max_restarts=0)(ArmActor)
         # Longest first: a subject arm refits several times, a cold-B arm observes once, so a
         # subject beside the reference, then the noise arm, saves a round on two slots. Arms
         # wait here, not in Ray's queue, so the ones not started yet can be cancelled.
+        concurrent = local_concurrency(fan) if not fan.address else len(arms)
         queue = sorted(arms, key=lambda a: len(a.steps), reverse=True)
         pending = {}
         while queue or pending:
             while queue and len(pending) < concurrent:
                 arm = queue.pop(0)
                 started(arm)
+                store.dump(arm, arm_files(workdir, arm)[0], "arm_plan")
                 actor = actor_cls.options(**arm_resources(arm, fan)).remote()
-                pending[actor.run.remote(arm, workdir, env, (keys or {}).get(arm.name, ""))] = (arm, actor)
+                run = actor.run.remote(arm, env, staged, None if fan.address else workdir, (keys or {}).get(arm.name, ""))
+                pending[run] = (arm, actor)
             done, _ = ray.wait(list(pending), num_returns=1)
             arm, actor = pending.pop(done[0])
             try:
-                result = ray.get(done[0])
+                result, log = ray.get(done[0])
             except ray.exceptions.RayError as exc:  # the actor (or its node) died under the arm
-                result = store_error(arm, workdir, f"the Ray actor running this arm died: {type(exc).__name__}: "
-                                                   f"{str(exc).splitlines()[0][:300]}", (keys or {}).get(arm.name, ""))
+                result, log = store_error(arm, workdir, f"the Ray actor running this arm died: {type(exc).__name__}: "
+                                                        f"{str(exc).splitlines()[0][:300]}",
+                                          (keys or {}).get(arm.name, "")), None
             ray.kill(actor)
+            _, result_file, log_file = arm_files(workdir, arm)
+            if log is not None:
+                log_file.write_text(log)
+            if result.error:  # name the log the parent wrote, not the node's scratch copy
+                result = replace(result, error=result.error.replace(SCRATCH, str(workdir)))
+            store.dump(result, result_file, "arm_result")
             yield arm, result
             if arm.role == "reference" and not result.observations:
                 for queued in queue:
@@ -185,5 +297,8 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
                                               (keys or {}).get(queued.name, ""))
                 queue.clear()
     finally:
+        from harness.engine.runner import kill_recorded_groups
+
+        kill_recorded_groups(workdir)  # arms still running (the run was cancelled): before their actors go
         if own_cluster:
             ray.shutdown()

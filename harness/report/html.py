@@ -168,9 +168,14 @@ def _tokens(tokens: pd.DataFrame) -> str:
 
 def _arms(summary: dict[str, Any]) -> str:
     rows = [[escape(a["arm"]), escape(a["role"]), escape(", ".join(a["paths"]) or "—"), _badge("OK" if a["status"] == "ok" else "ERROR"),
-             f"{a['seconds']:.0f} s", escape(", ".join(a["observations"])), escape(a["error"] or "")]
+             f"{a['seconds']:.0f} s" + (" (reused)" if a.get("reused") else ""),
+             escape(", ".join(a["observations"])), escape(a["error"] or "")]
             for a in summary["arms"]]
-    return "<section id='arms'><h2>Arms</h2>" + _table(["arm", "role", "paths", "status", "time", "observed", "error"], rows) + "</section>"
+    ref = summary.get("reference") or {}
+    note = (f"<p>reused reference <code>{escape(ref['key'])}</code>: the cold-B reference and noise arms were not "
+            f"run again. Engine cold starts in this run: {summary['cold_starts']}.</p>" if ref.get("reused")
+            else f"<p class='muted'>Engine cold starts in this run: {summary.get('cold_starts', '?')}.</p>")
+    return "<section id='arms'><h2>Arms</h2>" + note + _table(["arm", "role", "paths", "status", "time", "observed", "error"], rows) + "</section>"
 
 
 def _environment(summary: dict[str, Any]) -> str:

@@ -42,13 +42,17 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
     noise_tokens = {str(d.prompt): {"first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff}
                     for d in noise.tokens if d.check == "noise"} if noise else {}
     env = dict(next((a.environment for a in ev.arms if a.environment), ()))
+    reused = set(ev.record.plan.reused)
     return {
         "schema_version": SCHEMA_VERSION,
         "exit_code": ev.exit_code,
         "paths": paths,
         "noise_floor": {"differing_tensors": noise_tensors, "tokens": noise_tokens},
+        "cold_starts": sum(a.cold_starts for a in ev.arms if a.arm not in reused),
+        "reference": {"key": ev.record.reference_key, "reused": bool(reused)},
         "arms": [{"arm": a.arm, "role": a.role, "paths": list(a.paths), "status": a.status, "error": a.error,
-                  "seconds": a.seconds, "observations": [o.label for o in a.observations]} for a in ev.arms],
+                  "seconds": a.seconds, "observations": [o.label for o in a.observations],
+                  "cold_starts": a.cold_starts, "reused": a.arm in reused} for a in ev.arms],
         "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
                         "B_control": ev.record.checkpoints.b_control,
                         "control_tensor": ev.record.checkpoints.control_tensor},
@@ -82,6 +86,9 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
     nf = summary["noise_floor"]
     lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
               f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]
+    if summary["reference"]["reused"]:
+        lines += ["", f"Cold-B reference and noise: reused reference `{summary['reference']['key']}` (not cold-started "
+                      f"again); engine cold starts in this run: {summary['cold_starts']}."]
     return "\n".join(lines) + "\n"
 
 

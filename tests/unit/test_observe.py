@@ -71,6 +71,33 @@ def test_digest_is_exact_and_layout_independent():
     assert tensor_digest(bumped) != tensor_digest(t)
 
 
+def test_digest_is_blake3_of_the_row_major_bytes_for_every_layout_and_chunking(monkeypatch):
+    import blake3
+
+    from harness import observe
+
+    t = torch.randn(64, 48, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    expected = blake3.blake3(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest(length=16)
+    monkeypatch.setattr(observe, "_DIGEST_CHUNK_BYTES", 1000)  # several chunks of a few rows
+    transposed = t.t().contiguous().t()  # same values, column-major memory
+    assert not transposed.is_contiguous()
+    assert tensor_digest(t) == tensor_digest(transposed) == tensor_digest(t[::1]) == expected
+    assert tensor_digest(t[::2]) != tensor_digest(t[:32])  # a strided view hashes the values it shows
+    assert tensor_digest(torch.tensor(3.0)) != tensor_digest(torch.tensor(4.0))
+    assert tensor_digest(torch.empty(0)) == blake3.blake3(b"").hexdigest(length=16)
+
+
+def test_digest_reads_a_contiguous_tensor_in_place(monkeypatch):
+    from harness import observe
+
+    t = torch.ones(1024, 1024)
+    seen = []
+    monkeypatch.setattr(observe, "_bytes_view", lambda d: seen.append(d.data_ptr()) or memoryview(
+        d.reshape(-1).view(torch.uint8).numpy()))
+    tensor_digest(t)
+    assert seen == [t.data_ptr()]  # the tensor's own memory, no copy
+
+
 def test_kernel_probe_sees_weights_only_the_kernel_holds():
     model = nn.Sequential(Hidden())
     before = {e.name: tensor_digest(e.tensor) for e in probe_linear_kernels(model)}
