@@ -42,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
     run.add_argument("--paths", default="reload_weights", help="comma-separated reload paths, or 'all'")
     run.add_argument("--out", help="report directory (default: reports/<timestamp>)")
-    run.add_argument("--control-tensor", default=ControlSpec.tensor, help="checkpoint tensor scaled in B'")
+    run.add_argument("--control-tensor", default=None, help="checkpoint tensor scaled in B' (default: chosen "
+                     "automatically from the checkpoint, an early-layer norm weight)")
     run.add_argument("--mode", choices=("eager", "compiled"), default="eager")
+    run.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                     help="model dtype of every engine (default: float32; with -s, the scenario's dtypes)")
     run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     run.add_argument("--seed", type=int, default=PerturbSpec.seed, help="perturbation seed for B")
     run.add_argument("--arm-timeout", type=float, default=RunSpec.arm_timeout_s, help="seconds per engine arm")
@@ -112,12 +115,14 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     else:
         model = args.model
     return RunSpec(model=model, target=args.target, paths=paths,
-                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
+                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp, dtype=args.dtype or "float32"),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
                    judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout)
 
 
 def run_scenario(args: argparse.Namespace, fan) -> int:
+    from dataclasses import replace
+
     from harness.pipeline import UsageError, execute
     from harness.registry import UnknownName
     from harness.report import write_reports
@@ -129,6 +134,8 @@ def run_scenario(args: argparse.Namespace, fan) -> int:
         scenario = SCENARIOS.get(args.scenario)()
     except UnknownName as exc:
         return _fail(str(exc))
+    if args.dtype:
+        scenario = replace(scenario, dtypes=(args.dtype,))
     groups = expand(scenario, tuple(args.only), tuple(args.skip))
     if not groups:
         return _fail(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")

@@ -181,9 +181,11 @@ def evaluate(out: Path) -> Evaluation:
                          record.spec.judge.logprob_atol, expected, same_mode=same_mode,
                          same_engine=not arm.requirements.restarts)
         comparisons.append(c)
-        device = dict(subject.environment).get("device", "cpu")
+        env = dict(subject.environment)
+        device = env.get("device", "cpu")
+        architecture = next((o.model.architecture for o in subject.observations), None)
         verdicts.append(judge(c, record.spec.judge, rebound_fails(record.spec.judge, record.spec.engine.mode, device),
-                              known=PATHS.get(path).known_issue(device)))
+                              known=PATHS.get(path).known_issue(device, env.get("vllm"), architecture)))
     return Evaluation(record=record, arms=tuple(results.values()), comparisons=tuple(comparisons),
                       verdicts=tuple(verdicts))
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from harness.pipeline import Evaluation
 from harness.report.html import render_html
+from harness.report.repro import repro_script
 from harness.report.summary import render_markdown, summary_dict
 from harness.report.tables import consumed_table, hook_table, tensor_table, token_table
 from harness.store import SCHEMA_VERSION
@@ -24,6 +25,10 @@ def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
     files["summary.json"].write_text(json.dumps(summary, indent=2, default=str))
     files["summary.md"].write_text(render_markdown(ev, summary))
     files["index.html"].write_text(render_html(ev, summary, tensors, tokens, consumed, hooks))
+    script = repro_script(ev)  # a stock model's FAIL/XFAIL, reproducible with vLLM alone
+    if script is not None:
+        files["repro.py"] = out / "repro.py"
+        files["repro.py"].write_text(script)
     return files
 
 
