@@ -180,6 +180,12 @@ def cmd_paths(args: argparse.Namespace) -> int:
         print(f"{name:28} {where:9} {'available' if reason is None else 'unavailable here'}\n    {cls.exercises}")
         for known in cls.known_issues:
             print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
+    from harness.known_issues import KNOWN_ISSUES
+
+    for known in KNOWN_ISSUES:
+        scope = (f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "
+                 f"{', '.join(known.architectures) or 'any architecture'}, paths {', '.join(known.paths) or 'all'}")
+        print(f"known issue ({scope}; XFAIL while it holds): {known.title or known.reason}")
     return 0
 
 
