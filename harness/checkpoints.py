@@ -199,10 +199,10 @@ def write_streamed(source: str | Path, dest: Path, transform: Callable[[str, obj
             if after.dtype != before.dtype or after.shape != before.shape:
                 raise CheckpointError(f"transform changed {name}: {before.dtype} {list(before.shape)} -> "
                                       f"{after.dtype} {list(after.shape)}")
-            raw = after.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            assert len(raw) == size, (name, len(raw), size)
+            raw = after.contiguous().reshape(-1).view(torch.uint8).numpy()  # a view: no copy
+            assert raw.nbytes == size, (name, raw.nbytes, size)
             out.seek(offset)
-            out.write(raw)
+            out.write(raw.data)
             del before, after, raw
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)  # atomic: a half-written checkpoint never looks complete

@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir")
     model = sub.add_parser("make-model", help="write the embedded tiny Qwen3 (or a planted-bug fixture) and print its path")
     model.add_argument("--architecture", default=None, help="e.g. StaleQKNormQwen3ForCausalLM")
+    model.add_argument("--family", default=None, help="a zoo family instead, e.g. mamba2 (see harness/zoo.py)")
     return parser
 
 
@@ -209,6 +210,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_make_model(args: argparse.Namespace) -> int:
     from harness import checkpoints
 
+    if args.family:
+        from harness.zoo import tiny_model
+
+        try:
+            print(tiny_model(args.family))
+        except checkpoints.CheckpointError as exc:
+            return _fail(str(exc))
+        return 0
     print(checkpoints.tiny_qwen3(architecture=args.architecture))
     return 0
 

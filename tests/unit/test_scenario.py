@@ -1,4 +1,5 @@
 import pytest
+
 from harness.compare import TensorStatus, compare_control, compare_tensors
 from harness.pipeline import Evaluation
 from harness.report.matrix import matrix_summary
