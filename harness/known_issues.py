@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from harness.spec import KnownIssue
 
-# Paths that refit through vLLM's layerwise reload (initialize/load_weights/finalize).
-LAYERWISE_RELOAD = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
-                    "dummy_start", "prefix_cache", "compiled")
+# Declared only where measured. The other layerwise-reload paths (iterator, discard, gloo
+# transfer, HTTP, dummy start, prefix cache, compiled) run the same loader and are expected
+# to hit it too; until measured they report it as a plain FAIL in `run -s zoo`.
+MEASURED_MOE_PATHS = ("reload_weights",)
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         device="cpu", vllm=("==0.31.*", "==0.32.*"), architectures=("Qwen3MoeForCausalLM", "MixtralForCausalLM"),
-        paths=LAYERWISE_RELOAD, tensor_kinds=("parameter", "buffer", "attribute", "object", "closure", "kernel"),
+        paths=MEASURED_MOE_PATHS, tensor_kinds=("parameter", "buffer", "attribute", "object", "closure", "kernel"),
         tensor_pattern=r"\.experts\.",
         title="CPU fused MoE: expert weights are corrupted by reload_weights (unquantized, layerwise reload)",
         reason="CPU fused MoE (unquantized): after a layerwise reload the expert weights that _C.cpu_fused_moe "
