@@ -1,9 +1,14 @@
 """Checkpoints A, B and B' (the positive control) as safetensors directories.
 
-Works on any Hugging Face style directory: config and tokenizer files are copied,
-weights are read from every ``*.safetensors`` file and written as one file.
-Derived checkpoints are cached by a key over the source files and the recipe,
-so repeated runs reuse them.
+Works on any Hugging Face style directory, one file or sharded with an index (or a hub
+id, resolved through ``huggingface_hub`` and its cache). Config and tokenizer files are
+copied. B and B' are written tensor by tensor into shards laid out exactly like the
+source's (same files, same header, same offsets: a perturbation keeps dtype and shape),
+so the extra memory is about one tensor, never the whole model. Derived checkpoints are
+cached by a key over the source files and the recipe, so repeated runs reuse them.
+
+Everything checked before an engine starts (names, shapes, dtypes of a ``--target``; the
+automatic choice of the control tensor) reads only the safetensors headers: no torch.
 """
 
 from __future__ import annotations
@@ -11,13 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import struct
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.spec import ControlSpec, PerturbSpec
 
 DEFAULT_CACHE = Path(os.environ.get("REFIT_HARNESS_CACHE", Path.home() / ".cache" / "refit-harness"))
+_INDEX = "model.safetensors.index.json"
 
 
 class CheckpointError(ValueError):
@@ -36,6 +46,8 @@ class CheckpointSet:
     """Directory of B' = B with ``control_tensor`` scaled: the planted difference."""
     control_tensor: str
     """Checkpoint name of the tensor scaled in B'."""
+    control_reason: str = ""
+    """Why this tensor: given by the user, or how it was chosen automatically."""
     b_without_control: str | None = None
     """B with ``control_tensor`` left out, for sabotaged refits (None unless asked for):
     a refit from it leaves that one tensor where it was."""
@@ -44,19 +56,96 @@ class CheckpointSet:
         return {"A": self.a, "B": self.b, "B_control": self.b_control}[key]
 
 
+@dataclass(frozen=True)
+class TensorHeader:
+    """One tensor as a safetensors header describes it (read without loading it)."""
+
+    dtype: str
+    """safetensors dtype code, e.g. ``F32``, ``BF16``, ``I64``."""
+    shape: tuple[int, ...]
+    """Tensor shape."""
+    file: str
+    """Name of the shard file holding it."""
+
+
 def weight_files(directory: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those its index names, or every one."""
     d = Path(directory)
     if not d.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {d}")
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
+    if not any(d.glob("*.safetensors")):
         raise CheckpointError(f"no *.safetensors files in checkpoint directory: {d}")
     if not (d / "config.json").is_file():
         raise CheckpointError(f"no config.json in checkpoint directory: {d}")
-    return files
+    if (d / _INDEX).is_file():
+        try:
+            shards = sorted(set(json.loads((d / _INDEX).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"unreadable {d / _INDEX}: {exc}") from None
+        missing = [s for s in shards if not (d / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{d / _INDEX} names shard {missing[0]!r}, which is not in {d}")
+        return [d / s for s in shards]
+    return sorted(d.glob("*.safetensors"))
+
+
+def _raw_header(file: Path) -> tuple[int, dict]:
+    """(header length, header dict) of one safetensors file."""
+    try:
+        with open(file, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > 100 << 20:
+                raise ValueError(f"header of {n} bytes")
+            return n, json.loads(fh.read(n))
+    except (OSError, ValueError, struct.error) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file: {exc}") from None
+
+
+def read_headers(directory: str | Path) -> dict[str, TensorHeader]:
+    """Every tensor of a checkpoint, from the file headers alone."""
+    out: dict[str, TensorHeader] = {}
+    for f in weight_files(directory):
+        for name, h in _raw_header(f)[1].items():
+            if name != "__metadata__":
+                out[name] = TensorHeader(dtype=h["dtype"], shape=tuple(h["shape"]), file=f.name)
+    return out
+
+
+def check_target(a: str | Path, b: str | Path) -> None:
+    """B must have A's tensors: same names, shapes and dtypes. Raises naming the first mismatch."""
+    ha, hb = read_headers(a), read_headers(b)
+    for name in sorted(ha.keys() | hb.keys()):
+        if name not in hb:
+            raise CheckpointError(f"--target {b} has no tensor {name!r} (A has it, {ha[name].dtype} {list(ha[name].shape)})")
+        if name not in ha:
+            raise CheckpointError(f"--target {b} has tensor {name!r}, which A does not have")
+        if (ha[name].shape, ha[name].dtype) != (hb[name].shape, hb[name].dtype):
+            raise CheckpointError(f"--target {b}: tensor {name!r} is {hb[name].dtype} {list(hb[name].shape)}, "
+                                  f"A's is {ha[name].dtype} {list(ha[name].shape)}")
+
+
+def resolve_model(path_or_hub_id: str, allow_hub: bool = True) -> Path:
+    """A local checkpoint directory as is; otherwise a hub id (``org/name``) fetched through
+    ``huggingface_hub`` into its cache (config, weights, tokenizer only)."""
+    p = Path(path_or_hub_id)
+    if p.exists() or not allow_hub or path_or_hub_id.startswith((".", "/", "~")) \
+            or not re.fullmatch(r"[\w.-]+/[\w.-]+", path_or_hub_id):
+        if not p.is_dir():
+            raise CheckpointError(f"checkpoint directory not found: {p}")
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path_or_hub_id, allow_patterns=[
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.py"]))
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated...: one line, exit 2
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path_or_hub_id!r} is not a directory, and fetching it as a hub id failed: "
+                              f"{type(exc).__name__}: {first}"[:400]) from None
 
 
 def load_weights(directory: str | Path) -> dict:
+    """Every tensor at once: for tests and tiny models only (B and B' are streamed)."""
     from safetensors.torch import load_file
 
     weights: dict = {}
@@ -75,20 +164,56 @@ def fingerprint(directory: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-def write_derived(source: str | Path, dest: Path, weights: dict) -> Path:
-    """Write ``weights`` as a checkpoint beside copies of ``source``'s non-weight files."""
-    from safetensors.torch import save_file
+def write_streamed(source: str | Path, dest: Path, transform: Callable[[str, object], object]) -> Path:
+    """Write ``dest`` as ``source`` with every tensor passed through ``transform(name, t)``,
+    one tensor at a time, in sorted name order (so a seeded transform is reproducible).
 
+    Each shard keeps the source's file name, header and offsets (``transform`` must keep
+    dtype and shape), and the index is copied, so the peak extra memory is one tensor.
+    """
+    import torch
+    from safetensors import safe_open
+
+    files = weight_files(source)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in Path(source).iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors") and not f.name.endswith(".safetensors.index.json"):
+        if f.is_file() and not f.name.endswith(".safetensors"):
             shutil.copy2(f, tmp / f.name)
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    layout = {}  # name -> (source handle, output file, absolute offset, byte size)
+    with ExitStack() as stack:
+        for f in files:
+            n, header = _raw_header(f)
+            src = stack.enter_context(safe_open(str(f), framework="pt"))
+            out = stack.enter_context(open(tmp / f.name, "wb"))
+            out.write(struct.pack("<Q", n))
+            with open(f, "rb") as fh:  # the header verbatim: same names, dtypes, shapes, offsets
+                fh.seek(8)
+                out.write(fh.read(n))
+            for name, h in header.items():
+                if name != "__metadata__":
+                    begin, end = h["data_offsets"]
+                    layout[name] = (src, out, 8 + n + begin, end - begin)
+        for name in sorted(layout):
+            src, out, offset, size = layout[name]
+            before = src.get_tensor(name)
+            after = transform(name, before)
+            if after.dtype != before.dtype or after.shape != before.shape:
+                raise CheckpointError(f"transform changed {name}: {before.dtype} {list(before.shape)} -> "
+                                      f"{after.dtype} {list(after.shape)}")
+            raw = after.contiguous().reshape(-1).view(torch.uint8).numpy()  # a view: no copy
+            assert raw.nbytes == size, (name, raw.nbytes, size)
+            out.seek(offset)
+            out.write(raw.data)
+            del before, after, raw
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)  # atomic: a half-written checkpoint never looks complete
     return dest
+
+
+def _complete(dest: Path) -> bool:
+    return dest.is_dir() and (dest / "config.json").is_file() and any(dest.glob("*.safetensors"))
 
 
 def vocab_size(directory: str | Path) -> int | None:
@@ -103,21 +228,58 @@ def vocab_size(directory: str | Path) -> int | None:
 
 
 def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -> Path:
-    """``source`` with one tensor left out: the checkpoint a refit that skips it would read."""
+    """``source`` with one tensor left out: the checkpoint a refit that skips it would read.
+    The other tensors' bytes are copied as they are, in chunks (no torch, no whole tensor)."""
     key = hashlib.sha256(f"{fingerprint(source)}|without|{name}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-without-{key}"
-    if (dest / "model.safetensors").is_file():
+    if _complete(dest):
         return dest
-    weights = load_weights(source)
-    weights.pop(name)
-    return write_derived(source, dest, weights)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in Path(source).iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors"):
+            shutil.copy2(f, tmp / f.name)
+    index = tmp / "model.safetensors.index.json"
+    if index.is_file():
+        content = json.loads(index.read_text())
+        content.get("weight_map", {}).pop(name, None)
+        index.write_text(json.dumps(content, indent=2))
+    for f in weight_files(source):
+        n, header = _raw_header(f)
+        kept = {k: v for k, v in header.items() if k != name and k != "__metadata__"}
+        offset, new_header = 0, ({"__metadata__": header["__metadata__"]} if "__metadata__" in header else {})
+        for k, v in sorted(kept.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            size = v["data_offsets"][1] - v["data_offsets"][0]
+            new_header[k] = {**v, "data_offsets": [offset, offset + size]}
+            offset += size
+        raw = json.dumps(new_header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # safetensors aligns the data to 8 bytes
+        with open(f, "rb") as src, open(tmp / f.name, "wb") as out:
+            out.write(struct.pack("<Q", len(raw)) + raw)
+            for k in sorted(kept, key=lambda k: kept[k]["data_offsets"][0]):
+                begin, end = kept[k]["data_offsets"]
+                src.seek(8 + n + begin)
+                remaining = end - begin
+                while remaining:
+                    chunk = src.read(min(_COPY_CHUNK_BYTES, remaining))
+                    if not chunk:
+                        raise CheckpointError(f"{f} ends inside tensor {k}")
+                    out.write(chunk)
+                    remaining -= len(chunk)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)  # atomic: a half-written checkpoint never looks complete
+    return dest
+
+
+_COPY_CHUNK_BYTES = 64 << 20
 
 
 def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B: ``source`` with ``spec`` applied to every tensor."""
     key = hashlib.sha256(f"{fingerprint(source)}|{spec}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-B-{key}"
-    if (dest / "model.safetensors").is_file():
+    if _complete(dest):
         return dest  # before importing torch: that import is most of a cached prepare (profiled)
     import torch
 
@@ -125,41 +287,96 @@ def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE
 
     fn = PERTURBATIONS.get(spec.name)
     gen = torch.Generator().manual_seed(spec.seed)
-    weights = load_weights(source)
-    out = {name: fn(name, t, gen, spec.strength) for name, t in sorted(weights.items())}
-    return write_derived(source, dest, out)
+    return write_streamed(source, dest, lambda name, t: fn(name, t, gen, spec.strength))
 
 
 def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B': ``source`` with one tensor scaled by ``control.scale``."""
     key = hashlib.sha256(f"{fingerprint(source)}|{control}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-control-{key}"
-    if (dest / "model.safetensors").is_file():
+    if _complete(dest):
         return dest  # made (and its tensor checked) before, from the same source
     from harness.perturb import scale
 
-    weights = load_weights(source)
-    if control.tensor not in weights:
-        close = sorted(n for n in weights if n.split(".")[-1] == control.tensor.split(".")[-1])[:5]
+    headers = read_headers(source)
+    if control.tensor not in headers:
+        close = sorted(n for n in headers if n.split(".")[-1] == str(control.tensor).split(".")[-1])[:5]
         raise CheckpointError(
-            f"positive-control tensor {control.tensor!r} is not in {source}; e.g. {close or sorted(weights)[:5]}"
+            f"positive-control tensor {control.tensor!r} is not in {source}; e.g. {close or sorted(headers)[:5]}"
         )
-    weights[control.tensor] = scale(control.tensor, weights[control.tensor], None, control.scale - 1.0)
-    return write_derived(source, dest, weights)
+    return write_streamed(source, dest, lambda name, t: scale(name, t, None, control.scale - 1.0)
+                          if name == control.tensor else t)
+
+
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+# Preferred norm modules, best first: each scales a whole layer's activations, and a norm
+# kernel reads its weight as a tensor on every backend (not through an opaque handle).
+_NORM_PREFERENCE = ("post_attention_layernorm", "input_layernorm", "pre_feedforward_layernorm", "norm",
+                    "pre_mixer_norm")
+_EXPERT = re.compile(r"\.experts?\.|shared_expert")
+
+
+def choose_control_tensor(headers: dict[str, TensorHeader]) -> tuple[str, str]:
+    """The tensor B' scales when the user names none, and why: a 1-D norm weight of the
+    earliest layer (read directly by a kernel, moves every output), else the final norm,
+    else a 1-D tensor of the earliest layer, else its first floating weight (seen through
+    the kernel probes). Expert weights come last: a token may route around them."""
+    floats = {n: h for n, h in headers.items() if h.dtype in _FLOAT_DTYPES}
+    if not floats:
+        raise CheckpointError("the checkpoint has no floating-point tensor to use as the positive control")
+
+    def layer(name: str) -> int:
+        m = re.search(r"\.(?:layers|h|blocks)\.(\d+)\.", name)
+        return int(m.group(1)) if m else 1 << 30
+
+    def module_leaf(name: str) -> str:
+        parts = name.split(".")
+        return parts[-2] if len(parts) >= 2 else ""
+
+    def norm_rank(name: str) -> int:
+        leaf = module_leaf(name)
+        return _NORM_PREFERENCE.index(leaf) if leaf in _NORM_PREFERENCE else len(_NORM_PREFERENCE)
+
+    norms = [n for n, h in floats.items() if len(h.shape) == 1 and n.endswith(".weight")
+             and "norm" in module_leaf(n) and not _EXPERT.search(n)]
+    in_layers = [n for n in norms if layer(n) < 1 << 30]
+    if in_layers:
+        best = min(in_layers, key=lambda n: (layer(n), norm_rank(n), n.count("."), n))
+        return best, (f"automatic: the {module_leaf(best)} weight of the earliest layer ({layer(best)}); a norm "
+                      "kernel reads it directly as a tensor and it scales the whole layer's activations")
+    if norms:
+        best = min(norms, key=lambda n: (norm_rank(n), n))
+        return best, ("automatic: no per-layer norm weight in the checkpoint; the final norm weight, which a norm "
+                      "kernel reads directly and every output passes through")
+    vectors = [n for n, h in floats.items() if len(h.shape) == 1 and not _EXPERT.search(n)]
+    if vectors:
+        best = min(vectors, key=lambda n: (layer(n), n))
+        return best, "automatic: no norm weight in the checkpoint; the earliest 1-D tensor (a bias or scale)"
+    best = min(floats, key=lambda n: (bool(_EXPERT.search(n)), layer(n), "embed" in n, n))
+    return best, ("automatic: no 1-D tensor in the checkpoint; the earliest weight matrix, seen through the "
+                  "kernel probes")
 
 
 def prepare(model: str, target: str | None, perturb: PerturbSpec, control: ControlSpec,
             cache: Path = DEFAULT_CACHE, sabotage: bool = False) -> CheckpointSet:
-    """Resolve A, make or check B, and make B' (and B without the control tensor, for
-    sabotaged refits)."""
-    weight_files(model)
-    b = Path(target) if target else perturbed(model, perturb, cache)
-    weight_files(b)
+    """Resolve A (a directory or a hub id), check or make B, and make B' (and B without the
+    control tensor, for sabotaged refits)."""
+    a = resolve_model(model)
+    headers = read_headers(a)
+    if target:
+        b = resolve_model(target)
+        check_target(a, b)
+    else:
+        b = perturbed(a, perturb, cache)
+    if control.tensor:
+        tensor, reason = control.tensor, "given with --control-tensor"
+    else:
+        tensor, reason = choose_control_tensor(headers)
+        control = ControlSpec(tensor=tensor, scale=control.scale)
     b_control = with_control(b, control, cache)
-    b_without = str(without_tensor(b, control.tensor, cache).resolve()) if sabotage else None
-    return CheckpointSet(a=str(Path(model).resolve()), b=str(Path(b).resolve()),
-                         b_control=str(b_control.resolve()), control_tensor=control.tensor,
-                         b_without_control=b_without)
+    b_without = str(without_tensor(b, tensor, cache).resolve()) if sabotage else None
+    return CheckpointSet(a=str(Path(a).resolve()), b=str(Path(b).resolve()), b_control=str(b_control.resolve()),
+                         control_tensor=tensor, control_reason=reason, b_without_control=b_without)
 
 
 # ---- the embedded default model -------------------------------------------------

@@ -68,8 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
     run.add_argument("--paths", default="reload_weights", help="comma-separated reload paths, or 'all'")
     run.add_argument("--out", help="report directory (default: reports/<timestamp>)")
-    run.add_argument("--control-tensor", default=ControlSpec.tensor, help="checkpoint tensor scaled in B'")
+    run.add_argument("--control-tensor", default=None, help="checkpoint tensor scaled in B' (default: chosen "
+                     "automatically from the checkpoint, an early-layer norm weight)")
     run.add_argument("--mode", choices=("eager", "compiled"), default="eager")
+    run.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                     help="model dtype of every engine (default: float32; with -s, the scenario's dtypes)")
     run.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
     run.add_argument("--seed", type=int, default=PerturbSpec.seed, help="perturbation seed for B")
     run.add_argument("--arm-timeout", type=_positive_float, default=RunSpec.arm_timeout_s,
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir")
     model = sub.add_parser("make-model", help="write the embedded tiny Qwen3 (or a planted-bug fixture) and print its path")
     model.add_argument("--architecture", default=None, help="e.g. StaleQKNormQwen3ForCausalLM")
+    model.add_argument("--family", default=None, help="a zoo family instead, e.g. mamba2 (see harness/zoo.py)")
     return parser
 
 
@@ -234,12 +238,14 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     else:
         model = args.model
     return RunSpec(model=model, target=args.target, paths=paths,
-                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
+                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp, dtype=args.dtype or "float32"),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
                    judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout, sabotage=args.sabotage)
 
 
 def run_scenario(args: argparse.Namespace, fan) -> int:
+    from dataclasses import replace
+
     from harness.pipeline import UsageError, evaluate, execute
     from harness.registry import UnknownName
     from harness.report import write_reports
@@ -251,6 +257,8 @@ def run_scenario(args: argparse.Namespace, fan) -> int:
         scenario = SCENARIOS.get(args.scenario)()
     except UnknownName as exc:
         return _fail(str(exc))
+    if args.dtype:
+        scenario = replace(scenario, dtypes=(args.dtype,))
     groups = expand(scenario, tuple(args.only), tuple(args.skip))
     if not groups:
         return _fail(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")
@@ -308,6 +316,12 @@ def cmd_paths(args: argparse.Namespace) -> int:
               f"\n    sabotaged twin ({cls.sabotage_evidence} evidence): {cls.sabotage}")
         for known in cls.known_issues:
             print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
+    from harness.known_issues import KNOWN_ISSUES
+
+    for known in KNOWN_ISSUES:
+        scope = (f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "
+                 f"{', '.join(known.architectures) or 'any architecture'}, paths {', '.join(known.paths) or 'all'}")
+        print(f"known issue ({scope}; XFAIL while it holds): {known.title or known.reason}")
     return 0
 
 
@@ -331,6 +345,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_make_model(args: argparse.Namespace) -> int:
     from harness import checkpoints
 
+    if args.family:
+        from harness.zoo import tiny_model
+
+        try:
+            print(tiny_model(args.family))
+        except checkpoints.CheckpointError as exc:
+            return _fail(str(exc))
+        return 0
     print(checkpoints.tiny_qwen3(architecture=args.architecture))
     return 0
 

@@ -204,7 +204,7 @@ PROBE_ROWS = 3
 PROBE_SEED = 20260
 
 
-def probe_linear_kernels(model: nn.Module) -> list[CensusEntry]:
+def probe_linear_kernels(model: nn.Module, unobserved: list[Unobserved] | None = None) -> list[CensusEntry]:
     """Fingerprint what each linear kernel computes, by running it on a fixed input.
 
     Kernels may consume weights no tensor walk can digest: vLLM's CPU backend repacks
@@ -212,6 +212,10 @@ def probe_linear_kernels(model: nn.Module) -> list[CensusEntry]:
     parameter empty. The output of ``quant_method.apply(layer, x)`` on a fixed ``x``
     is a function of exactly the weights the kernel reads, so its digest is compared
     like any other tensor (bias excluded: it is a parameter of its own).
+
+    A kernel that cannot be run this way (e.g. an SSM mixer's projection, which has no
+    ``cpu_linear`` on CPU) is appended to ``unobserved`` with the reason, and the probe
+    goes on: an unseen architecture must never crash the census.
     """
     entries = []
     gen = torch.Generator().manual_seed(PROBE_SEED)
@@ -221,9 +225,45 @@ def probe_linear_kernels(model: nn.Module) -> list[CensusEntry]:
             in_features = getattr(module, "input_size_per_partition", None)
             if method is None or not hasattr(method, "apply") or not isinstance(in_features, int):
                 continue
-            dtype = getattr(module, "params_dtype", torch.float32)
-            device = next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
-            x = torch.randn(PROBE_ROWS, in_features, generator=gen).to(device=device, dtype=dtype)
-            out = method.apply(module, x, None)
-            entries.append(CensusEntry(f"{mod_name}.<kernel-output>", "kernel", out))
+            name = f"{mod_name}.<kernel-output>"
+            try:
+                dtype = getattr(module, "params_dtype", torch.float32)
+                device = next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
+                x = torch.randn(PROBE_ROWS, in_features, generator=gen).to(device=device, dtype=dtype)
+                out = method.apply(module, x, None)
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(f"quant_method.apply returned {type(out).__name__}, not a tensor")
+            except Exception as exc:  # noqa: BLE001 - one unprobeable kernel must not end the census
+                if unobserved is not None:
+                    unobserved.append(Unobserved(name, "kernel", _reason(exc)))
+                continue
+            entries.append(CensusEntry(name, "kernel", out))
     return entries
+
+
+@dataclass(frozen=True)
+class Unobserved:
+    """A tensor or kernel the census reached but could not observe, and why."""
+
+    name: str
+    kind: str
+    reason: str
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()[:300]
+
+
+def observe_entry(entry: CensusEntry) -> dict | Unobserved:
+    """The record fields of one census entry, or why it cannot be digested."""
+    t = entry.tensor
+    try:
+        nan_count, absmax = tensor_stats(t)
+        return {
+            "name": entry.name, "kind": entry.kind,
+            "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+            "device": str(t.device), "address": int(t.data_ptr()) if t.device.type != "meta" else 0,
+            "digest": tensor_digest(t), "nan_count": nan_count, "absmax": absmax,
+        }
+    except Exception as exc:  # noqa: BLE001 - e.g. a tensor subclass without storage
+        return Unobserved(entry.name, entry.kind, _reason(exc))

@@ -327,7 +327,9 @@ def evaluate(out: Path) -> Evaluation:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
             continue
         cls = PATHS.get(path)
-        device = dict(subject.environment).get("device", "cpu")
+        env = dict(subject.environment)
+        device = env.get("device", "cpu")
+        architecture = next((o.model.architecture for o in subject.observations), None)
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
@@ -345,7 +347,8 @@ def evaluate(out: Path) -> Evaluation:
 
         c = compared(path)
         comparisons.append(c)
-        verdict = judge(c, record.spec.judge, fail_on_rebound, known=cls.known_issue(device),
+        verdict = judge(c, record.spec.judge, fail_on_rebound,
+                        known=cls.known_issue(device, env.get("vllm"), architecture),
                         require_cache_hits=cls.needs_cache_hits)
         if record.spec.sabotage:
             twin = compared(sabotaged_twin(path))

@@ -30,6 +30,7 @@ class ConsumptionRecorder(TorchDispatchMode):
         super().__init__()
         self.excluded = set(excluded_storages)
         self.records: list[tuple[int, ConsumedTensor]] = []  # (storage pointer, record)
+        self.unreadable: list[str] = []  # op inputs that could not be digested, with the reason
         self._produced: set[int] = set()
         self._keep_alive: list[torch.Tensor] = []  # so ids of produced tensors are not reused
         self._digests: dict[tuple[int, int], tuple[str, int]] = {}  # (digest, NaN count)
@@ -86,24 +87,30 @@ class ConsumptionRecorder(TorchDispatchMode):
                 self._produced.add(id(leaf))
                 self._keep_alive.append(leaf)
 
+    def _record(self, func, position: int, leaf: torch.Tensor) -> None:
+        storage = leaf.untyped_storage().data_ptr()
+        if storage in self.excluded:
+            return
+        key = (id(leaf), _version(leaf))
+        if key not in self._digests:
+            self._digests[key] = (tensor_digest(leaf), nan_count(leaf))
+        digest, nans = self._digests[key]
+        # Named later, once the whole census is known (see name_consumed).
+        self.records.append((storage, ConsumedTensor(
+            name="", op_index=self._op_index, op=str(func), arg=position, module=self._stack[-1],
+            dtype=str(leaf.dtype).removeprefix("torch."), shape=tuple(leaf.shape),
+            address=int(leaf.data_ptr()), digest=digest, nan_count=nans)))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._stack:
             flat = tree_flatten((args, kwargs))[0]
             for position, leaf in enumerate(flat):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in self._produced and leaf.device.type != "meta":
-                    storage = leaf.untyped_storage().data_ptr()
-                    if storage in self.excluded:
-                        continue
-                    key = (id(leaf), _version(leaf))
-                    if key not in self._digests:
-                        self._digests[key] = (tensor_digest(leaf), nan_count(leaf))
-                    digest, nans = self._digests[key]
-                    # Named later, once the whole census is known (see name_consumed).
-                    self.records.append((storage, ConsumedTensor(
-                        name="", op_index=self._op_index, op=str(func), arg=position, module=self._stack[-1],
-                        dtype=str(leaf.dtype).removeprefix("torch."), shape=tuple(leaf.shape),
-                        address=int(leaf.data_ptr()), digest=digest, nan_count=nans)))
+                    try:
+                        self._record(func, position, leaf)
+                    except Exception as exc:  # noqa: BLE001 - never break the engine's forward
+                        self.unreadable.append(f"{self._stack[-1]}:{func}#{position}: {type(exc).__name__}: {exc}"[:300])
             self._op_index += 1
         out = func(*args, **kwargs)
         # Track outputs even between module forwards: the runner slices hidden states

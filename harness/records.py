@@ -45,6 +45,20 @@ class TensorRecord:
 
 
 @dataclass(frozen=True)
+class UnobservedRecord:
+    """A tensor, kernel or forward the census reached but could not observe. It is
+    counted and shown in the report, never judged, and the rest of the observation goes on."""
+
+    name: str
+    """Census name it would have had, e.g. ``backbone.layers.0.mixer.in_proj.<kernel-output>``,
+    or ``<kernel-inputs>`` when the recorded forward itself could not be taken."""
+    kind: str
+    """Census kind it would have had (``kernel`` for a kernel probe), or ``forward``."""
+    reason: str
+    """Why it could not be observed: the exception vLLM or torch raised, shortened."""
+
+
+@dataclass(frozen=True)
 class PromptOutput:
     """Greedy continuation of one fixed prompt."""
 
@@ -127,6 +141,8 @@ class Observation:
     """Persistent tensors the kernels read during one recorded forward, in op order."""
     hooks: tuple[HookRecord, ...] = ()
     """Post-load hooks on the model and their call counts so far."""
+    unobserved: tuple[UnobservedRecord, ...] = ()
+    """What the census could not observe on any rank, with the reason (older records: none)."""
 
 
 @dataclass(frozen=True)

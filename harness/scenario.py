@@ -24,8 +24,9 @@ class ModelRef:
     """Short name used in cell ids."""
     path: str | None = None
     """A checkpoint directory (or, on machines with hub access, a hub id)."""
-    builder: Literal["tiny-qwen3"] | None = None
-    """Build the embedded tiny model instead of reading ``path``."""
+    builder: str | None = None
+    """Build a model instead of reading ``path``: ``tiny-qwen3`` (the embedded one) or
+    ``zoo:<family>`` (a tiny stock architecture, ``harness.zoo``)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class ScenarioSpec:
     """Reload paths (registered names)."""
     modes: tuple[Mode, ...] = ("eager",)
     """Engine modes."""
+    dtypes: tuple[str, ...] = ("float32",)
+    """Model dtypes (``bfloat16``, ``float16``, ``float32``); cell ids name any but float32."""
     tp_sizes: tuple[int, ...] = (1,)
     """Tensor-parallel sizes."""
     perturbations: tuple[PerturbSpec, ...] = (PerturbSpec(),)
@@ -66,7 +69,8 @@ class CellGroup:
     """One oracle run of a scenario: a model in one mode, TP size and perturbation."""
 
     id: str
-    """e.g. ``tiny-qwen3-eager-tp1`` (with ``-p<seed>`` when several perturbations)."""
+    """e.g. ``tiny-qwen3-eager-tp1`` (with ``-bf16``/``-fp16`` for those dtypes, and ``-p<seed>``
+    when several perturbations)."""
     model: ModelRef
     """Checkpoint A."""
     spec: RunSpec
@@ -82,17 +86,22 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
     for m in s.models:
         for mode in s.modes:
             for tp in s.tp_sizes:
-                for perturb in s.perturbations:
-                    gid = f"{m.label}-{mode}-tp{tp}" + (f"-p{perturb.seed}" if len(s.perturbations) > 1 else "")
-                    paths = tuple(p for p in s.paths if _keep(f"{p}[{gid}]", only, skip))
-                    if not paths:
-                        continue
-                    spec = RunSpec(model=m.path or "", target=s.target, paths=paths,
-                                   engine=EngineSpec(mode=mode, tensor_parallel_size=tp), prompts=s.prompts,
-                                   perturb=perturb, judge=s.judge, arm_timeout_s=s.arm_timeout_s,
-                                   sabotage=s.sabotage)
-                    groups.append(CellGroup(id=gid, model=m, spec=spec))
+                for dtype in s.dtypes:
+                    for perturb in s.perturbations:
+                        gid = (f"{m.label}-{mode}-tp{tp}" + _DTYPE_TAG.get(dtype, f"-{dtype}")
+                               + (f"-p{perturb.seed}" if len(s.perturbations) > 1 else ""))
+                        paths = tuple(p for p in s.paths if _keep(f"{p}[{gid}]", only, skip))
+                        if not paths:
+                            continue
+                        spec = RunSpec(model=m.path or "", target=s.target, paths=paths,
+                                       engine=EngineSpec(mode=mode, tensor_parallel_size=tp, dtype=dtype),
+                                       prompts=s.prompts, perturb=perturb, judge=s.judge,
+                                       arm_timeout_s=s.arm_timeout_s, sabotage=s.sabotage)
+                        groups.append(CellGroup(id=gid, model=m, spec=spec))
     return tuple(groups)
+
+
+_DTYPE_TAG = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}
 
 
 def _matches(cell: str, pattern: str) -> bool:
@@ -108,25 +117,19 @@ def _keep(cell: str, only: tuple[str, ...], skip: tuple[str, ...]) -> bool:
 
 
 def resolve_model(group: CellGroup, override: str | None = None) -> CellGroup:
-    """Fill in the model directory: an override, the embedded builder, or the given path."""
+    """Fill in the model: an override, a builder (embedded tiny Qwen3, a zoo family), or
+    the given path (a directory, or a hub id that ``checkpoints.prepare`` fetches)."""
+    from harness import checkpoints
+
+    builder = group.model.builder
     if override:
         path = override
-    elif group.model.builder == "tiny-qwen3":
-        from harness import checkpoints
-
+    elif builder == "tiny-qwen3":
         path = str(checkpoints.tiny_qwen3())
+    elif builder and builder.startswith("zoo:"):
+        from harness.zoo import tiny_model
+
+        path = str(tiny_model(builder.removeprefix("zoo:")))
     else:
-        path = _local_model(group.model.path or "")
+        path = group.model.path or ""
     return replace(group, spec=replace(group.spec, model=path))
-
-
-def _local_model(path_or_hub_id: str) -> str:
-    """A directory as is; anything else is taken as a hub id and downloaded (GPU hosts
-    with hub access; this machine has none)."""
-    from pathlib import Path
-
-    if Path(path_or_hub_id).exists() or "/" not in path_or_hub_id or path_or_hub_id.startswith((".", "/")):
-        return path_or_hub_id
-    from huggingface_hub import snapshot_download
-
-    return snapshot_download(path_or_hub_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])

@@ -76,10 +76,12 @@ class PerturbSpec:
 class ControlSpec:
     """The positive control: B' is B with one checkpoint tensor scaled."""
 
-    tensor: str = "model.layers.0.post_attention_layernorm.weight"
-    """Checkpoint name of the tensor to scale. The default is read by a kernel as a
-    tensor on every backend, so it shows up as a kernel input; a linear weight (e.g.
-    ``...q_proj.weight``, packed into ``qkv_proj``) is seen through the kernel probes."""
+    tensor: str | None = None
+    """Checkpoint name of the tensor to scale; None chooses one from the checkpoint's
+    headers (``checkpoints.choose_control_tensor``: an early-layer norm weight, which a
+    kernel reads as a tensor on every backend, so it shows up as a kernel input). A
+    linear weight (e.g. ``...q_proj.weight``, packed into ``qkv_proj``) is seen through
+    the kernel probes."""
     scale: float = 1.01
     """Factor applied to that tensor."""
 
@@ -98,9 +100,10 @@ class JudgePolicy:
 
 @dataclass(frozen=True)
 class KnownIssue:
-    """A measured vLLM limitation a path runs into on one kind of device, like a strict
-    pytest xfail: while the failure stays inside this scope the verdict is XFAIL (it does
-    not fail the run); once it no longer reproduces the verdict is XPASS, which does."""
+    """A measured vLLM limitation, like a strict pytest xfail: while the failure stays inside
+    this scope the verdict is XFAIL (it does not fail the run); once it no longer reproduces
+    the verdict is XPASS, which does. Scoped per device, and optionally per vLLM version,
+    architecture and path, so a fix upstream shows up as XPASS on the version that has it."""
 
     device: Literal["cpu", "cuda"]
     """Where it applies (the arm's recorded device)."""
@@ -111,6 +114,40 @@ class KnownIssue:
     failing tensor of another kind, or a failing kernel input, is a real FAIL."""
     error_contains: str | None = None
     """Text of the arm error it explains; any other error is a real ERROR."""
+    vllm: tuple[str, ...] = ()
+    """PEP 440 specifier sets of the vLLM versions it was measured on, any of which
+    matches, e.g. ``("==0.31.*", "==0.32.*")`` (empty: every version). On another version
+    nothing is expected: a failure there is a real FAIL."""
+    architectures: tuple[str, ...] = ()
+    """vLLM model classes it applies to, e.g. ``Qwen3MoeForCausalLM`` (empty: every one)."""
+    paths: tuple[str, ...] = ()
+    """Reload paths it applies to, for issues declared in ``harness.known_issues`` (a path
+    class's own issues apply to that path)."""
+    tensor_pattern: str | None = None
+    """Regular expression every failing tensor and kernel input name must match (searched),
+    on top of ``tensor_kinds``; None: any name of those kinds."""
+    title: str = ""
+    """One line naming the bug, ready to be an upstream issue title."""
+
+    def applies(self, path: str, device: str, vllm_version: str | None, architecture: str | None) -> bool:
+        """Whether this issue is expected for a subject that ran ``path`` on ``device``
+        (``cpu ...`` or a GPU name) with this vLLM version and model class."""
+        if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
+            return False
+        if self.paths and path not in self.paths:
+            return False
+        if self.architectures and architecture not in self.architectures:
+            return False
+        if self.vllm:
+            from packaging.specifiers import SpecifierSet
+            from packaging.version import InvalidVersion, Version
+
+            try:
+                version = Version(vllm_version.split("+")[0]) if vllm_version else None
+            except InvalidVersion:
+                return False
+            return version is not None and any(version in SpecifierSet(spec) for spec in self.vllm)
+        return True
 
 
 @dataclass(frozen=True)

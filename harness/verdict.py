@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Literal
@@ -202,8 +203,10 @@ def _explains(known: KnownIssue, c: PathComparison, status: VerdictStatus, bad: 
     if status is VerdictStatus.ERROR:
         return bool(known.error_contains) and any(known.error_contains in e for e in c.errors)
     kinds = {d.tensor: d.kind for d in c.tensors}
+    named = re.compile(known.tensor_pattern) if known.tensor_pattern else None
     return (bool(bad) and all(d.kind in known.tensor_kinds for d in bad)
-            and all(kinds.get(d.tensor) in known.tensor_kinds for d in kernel_bad))
+            and all(kinds.get(d.tensor) in known.tensor_kinds for d in kernel_bad)
+            and (named is None or all(named.search(d.tensor) for d in [*bad, *kernel_bad])))
 
 
 def _against_known(v: Verdict, known: KnownIssue | None, explained: bool) -> Verdict:

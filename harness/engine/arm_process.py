@@ -18,7 +18,8 @@ from pathlib import Path
 from harness import store
 from harness.engine.handles import Engine, build_engine
 from harness.plan import ArmPlan, sabotaged_twin
-from harness.records import ArmResult, ConsumedTensor, HookRecord, ModelInfo, Observation, TensorRecord
+from harness.records import (ArmResult, ConsumedTensor, HookRecord, ModelInfo, Observation, TensorRecord,
+                             UnobservedRecord)
 from harness.spec import PromptSpec
 
 
@@ -40,24 +41,34 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
         world_size=len(per_rank),
     )
     hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"]) for h in first["hooks"])
+    unobserved = [UnobservedRecord(name=f"rank{r['rank']}:{u['name']}" if multi else u["name"], kind=u["kind"],
+                                   reason=u["reason"]) for r in per_rank for u in r.get("unobserved", ())]
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
-    return Observation(label=label, tensors=tensors, consumed=record_consumed(engine, arm.prompts), hooks=hooks,
-                       outputs=engine.generate(arm.prompts), model=model)
+    try:
+        consumed, unreadable = record_consumed(engine, arm.prompts)
+        unobserved += [UnobservedRecord("<kernel-input>", "forward", why) for why in unreadable]
+    except Exception as exc:  # noqa: BLE001 - the recorder is an extra; an op it cannot follow must not end the arm
+        consumed = ()
+        unobserved.append(UnobservedRecord("<kernel-inputs>", "forward", f"{type(exc).__name__}: {exc}"[:300]))
+    return Observation(label=label, tensors=tensors, consumed=consumed, hooks=hooks,
+                       outputs=engine.generate(arm.prompts), model=model, unobserved=tuple(unobserved))
 
 
-def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[ConsumedTensor, ...]:
-    """One prefill of the first prompt with the dispatch recorder on, in every worker."""
+def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[ConsumedTensor, ...], list[str]]:
+    """One prefill of the first prompt with the dispatch recorder on, in every worker; also
+    the op inputs the recorder could not digest, with the reason."""
     engine.rpc("refit_harness_recorder_start")
     try:
         engine.generate(PromptSpec(token_ids=prompts.token_ids[:1], max_tokens=1, logprobs=1))
     finally:
         per_rank = engine.rpc("refit_harness_recorder_stop")
     multi = len(per_rank) > 1
-    return tuple(
+    consumed = tuple(
         ConsumedTensor(name=f"rank{r['rank']}:{c['name']}" if multi else c["name"], op_index=c["op_index"],
                        op=c["op"], arg=c["arg"], module=c["module"], dtype=c["dtype"], shape=tuple(c["shape"]),
                        address=c["address"], digest=c["digest"])
         for r in per_rank for c in r["consumed"])
+    return consumed, [why for r in per_rank for why in r.get("unreadable", ())]
 
 
 def environment() -> tuple[tuple[str, str], ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from harness.observe import probe_linear_kernels, tensor_digest, tensor_stats, walk_model
+from harness.observe import Unobserved, observe_entry, probe_linear_kernels, walk_model
 from harness.recorder import ConsumptionRecorder, name_consumed
 from harness.store import to_jsonable
 
@@ -58,20 +58,23 @@ class RefitObserver:
     def refit_harness_census(self) -> dict[str, Any]:
         model = self.model_runner.get_model()
         self._refit_harness_watch_hooks(model)
-        records = []
-        for entry in walk_model(model, self._refit_harness_kv_storages()) + probe_linear_kernels(model):
-            t = entry.tensor
-            nan_count, absmax = tensor_stats(t)
-            records.append({
-                "name": entry.name, "kind": entry.kind,
-                "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                "device": str(t.device), "address": int(t.data_ptr()) if t.device.type != "meta" else 0,
-                "digest": tensor_digest(t), "nan_count": nan_count, "absmax": absmax,
-            })
+        records, unobserved = [], []
+        try:
+            entries = walk_model(model, self._refit_harness_kv_storages())
+        except Exception as exc:  # noqa: BLE001 - the probes and outputs still tell something
+            entries = []
+            unobserved.append(Unobserved("<module-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
+        probed: list[Unobserved] = []
+        entries += probe_linear_kernels(model, probed)
+        unobserved += probed
+        for entry in entries:
+            seen = observe_entry(entry)
+            (unobserved if isinstance(seen, Unobserved) else records).append(seen)
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         return {
             "rank": int(getattr(self, "rank", 0)),
             "tensors": records,
+            "unobserved": [{"name": u.name, "kind": u.kind, "reason": u.reason} for u in unobserved],
             "architecture": type(model).__name__,
             "packed_modules_mapping": {k: list(v) for k, v in dict(packed).items()},
             "hooks": [{"module": m, "kind": k, "calls": n} for (m, k), n in sorted(self._refit_harness_hook_calls.items())],
@@ -100,7 +103,8 @@ class RefitObserver:
                 by_address.setdefault(t.data_ptr(), entry.name)
                 by_storage.setdefault(t.untyped_storage().data_ptr(), entry.name)
         return {"rank": int(getattr(self, "rank", 0)),
-                "consumed": [to_jsonable(c) for c in name_consumed(recorder.records, by_address, by_storage)]}
+                "consumed": [to_jsonable(c) for c in name_consumed(recorder.records, by_address, by_storage)],
+                "unreadable": recorder.unreadable[:50]}
 
     # ---- post-load hook census ------------------------------------------------------
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from harness.pipeline import Evaluation
 from harness.report.html import render_html
+from harness.report.repro import repro_script
 from harness.report.summary import render_markdown, summary_dict
 from harness.report.tables import consumed_table, hook_table, tensor_table, token_table
 from harness.report.tables import csv_text
@@ -27,6 +28,10 @@ def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
     write_atomic(files["summary.json"], json.dumps(summary, indent=2, default=str))
     write_atomic(files["summary.md"], render_markdown(ev, summary))
     write_atomic(files["index.html"], render_html(ev, summary, tensors, tokens, consumed, hooks))
+    script = repro_script(ev)  # a stock model's FAIL/XFAIL, reproducible with vLLM alone
+    if script is not None:
+        files["repro.py"] = out / "repro.py"
+        write_atomic(files["repro.py"], script)
     return files
 
 

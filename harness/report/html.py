@@ -26,7 +26,7 @@ def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, 
     parts = [f"<h1>refit-harness report</h1><p class='muted'>Oracle: warm A→B through each path vs a cold start "
              f"on B, with cold A as witness. Started {escape(ev.record.started)}.</p>",
              _verdicts(summary), _first_divergences(summary), _control(summary), _sabotage(summary), _noise(summary),
-             _non_ok(tensors), _consumed(consumed), _hooks(hooks), _tokens(tokens), _arms(summary),
+             _unobserved(summary), _non_ok(tensors), _consumed(consumed), _hooks(hooks), _tokens(tokens), _arms(summary),
              _environment(summary)]
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
@@ -82,6 +82,8 @@ def _control(summary: dict[str, Any]) -> str:
     return ("<section id='positive-control'><h2>Positive control</h2><p class='muted'>B′ = B with one checkpoint "
             "tensor scaled. Warm B′ vs warm B must differ at the module that tensor loads into; otherwise the "
             "verdict is INCONCLUSIVE.</p>"
+            + f"<p>Scaled tensor: <code>{escape(summary['checkpoints']['control_tensor'])}</code>, "
+            f"{escape(summary['checkpoints'].get('control_reason') or 'given')}.</p>"
             + _table(["path", "detected", "scaled tensor", "expected modules", "seen at", "outputs moved",
                       "max logprob shift"], rows) + "</section>")
 
@@ -111,6 +113,17 @@ def _noise(summary: dict[str, Any]) -> str:
     return ("<section id='noise-floor'><h2>Noise floor (cold B vs cold B)</h2>"
             f"<p>Tensors that differ between two cold starts (not judged): {tensors}</p>"
             + _table(["prompt", "first divergence", "max logprob diff"], rows) + "</section>")
+
+
+def _unobserved(summary: dict[str, Any]) -> str:
+    u = summary.get("unobserved") or {"count": 0, "items": []}
+    if not u["count"]:
+        return ""
+    rows = [[f"<code>{escape(i['name'])}</code>", escape(i["kind"]), escape(i["reason"]),
+             ", ".join(escape(a) for a in i["arms"])] for i in u["items"]]
+    return (f"<section id='unobserved'><h2>Unobserved ({u['count']})</h2><p class='muted'>Reached by the census "
+            "but impossible to observe here, so never judged; the rest of each observation went on.</p>"
+            + _table(["name", "kind", "reason", "arms"], rows) + "</section>")
 
 
 def _non_ok(tensors: pd.DataFrame) -> str:

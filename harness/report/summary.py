@@ -55,11 +55,26 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
                   "cold_starts": a.cold_starts, "reused": a.arm in reused} for a in ev.arms],
         "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
                         "B_control": ev.record.checkpoints.b_control,
-                        "control_tensor": ev.record.checkpoints.control_tensor},
+                        "control_tensor": ev.record.checkpoints.control_tensor,
+                        "control_reason": ev.record.checkpoints.control_reason},
+        "unobserved": unobserved_summary(ev),
         "environment": {**env, "git_sha": ev.record.git_sha, "started": ev.record.started,
                         "mode": ev.record.spec.engine.mode, "dtype": ev.record.spec.engine.dtype,
                         "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size},
     }
+
+
+def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
+    """What the census could not observe, once per name, with the reason and the arms it
+    happened in: counted and shown, never judged."""
+    items: dict[str, dict[str, Any]] = {}
+    for arm in ev.arms:
+        for obs in arm.observations:
+            for u in obs.unobserved:
+                item = items.setdefault(u.name, {"name": u.name, "kind": u.kind, "reason": u.reason, "arms": []})
+                if arm.arm not in item["arms"]:
+                    item["arms"].append(arm.arm)
+    return {"count": len(items), "items": list(items.values())}
 
 
 def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
@@ -83,6 +98,12 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         reasons = "<br>".join(md_text(r) for r in p["reasons"][:4]) or "—"
         lines.append(f"| {md_code(name)} | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | {so_text} | "
                      f"{md_text(p['first_divergent_tensor'] or '—')} | {reasons} |")
+    ck = summary["checkpoints"]
+    lines += ["", f"Positive control: {md_code(ck['control_tensor'])} ({md_text(ck.get('control_reason') or 'given')})."]
+    if summary["unobserved"]["count"]:
+        first = summary["unobserved"]["items"][0]
+        lines += ["", f"Unobserved (not judged): {summary['unobserved']['count']} tensor(s)/kernel(s), e.g. "
+                  f"{md_code(first['name'])}: {md_text(first['reason'])}."]
     nf = summary["noise_floor"]
     lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
               f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]

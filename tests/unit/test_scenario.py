@@ -1,3 +1,5 @@
+import pytest
+
 from harness.compare import TensorStatus, compare_control, compare_tensors
 from harness.pipeline import Evaluation
 from harness.report.matrix import matrix_summary
@@ -74,11 +76,17 @@ def test_per_rank_observations_localize_a_bug_to_one_rank():
     assert outcome.localized == ("rank0:model.layers.0.self_attn.qkv_proj.<kernel-output>",)
 
 
-def test_hub_ids_and_paths_resolve_without_download_for_local_dirs(tmp_path):
-    from harness.scenario import _local_model
+def test_model_is_a_directory_or_a_hub_id_fetched_through_huggingface_hub(tmp_path, monkeypatch):
+    from harness.checkpoints import CheckpointError, resolve_model
 
-    assert _local_model(str(tmp_path)) == str(tmp_path)
-    assert _local_model("./relative/dir") == "./relative/dir"
+    assert resolve_model(str(tmp_path)) == tmp_path  # a directory: no hub involved
+    with pytest.raises(CheckpointError, match="checkpoint directory not found"):
+        resolve_model("./relative/missing")  # path-like: never a hub id
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here either way; fail fast and say why
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(CheckpointError, match="'refit-harness-test/absent' is not a directory, and fetching it "
+                                              "as a hub id failed"):
+        resolve_model("refit-harness-test/absent")
 
 
 def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):

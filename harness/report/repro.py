@@ -1,0 +1,133 @@
+"""``repro.py``: a standalone script, pasteable into an upstream vLLM issue, that reproduces
+a FAIL or XFAIL of a stock model without the harness: cold start on B vs cold start on A
+plus the same refit, greedy tokens of the run's prompts, exit 1 when they differ.
+
+Written into the report directory from the records alone, only for stock architectures
+(not the harness's planted-bug fixtures) and for paths whose refit is a few lines of
+public vLLM API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from harness.pipeline import Evaluation
+from harness.verdict import VerdictStatus
+
+# path -> (extra LLM(...) arguments, lines that refit `llm` to `b`), public vLLM API only.
+REFITS: dict[str, tuple[dict, str]] = {
+    "reload_weights": ({}, 'llm.collective_rpc("reload_weights", kwargs={"weights_path": b})'),
+    "discard_reload": ({}, 'llm.collective_rpc("reset_weights")\n'
+                           '    llm.collective_rpc("reload_weights", kwargs={"weights_path": b})'),
+    "prefix_cache": ({"enable_prefix_caching": True},
+                     'llm.collective_rpc("reload_weights", kwargs={"weights_path": b})\n    llm.reset_prefix_cache()'),
+    "compiled": ({"enforce_eager": False}, 'llm.collective_rpc("reload_weights", kwargs={"weights_path": b})'),
+}
+
+_TEMPLATE = '''#!/usr/bin/env python3
+"""{title}
+
+Reproduces a refit-harness finding with vLLM alone: greedy tokens after refitting an engine
+started on checkpoint A to checkpoint B ({path}) differ from a cold start on B.
+Measured: vLLM {vllm}, torch {torch}, {device}, dtype {dtype}, model class {architecture}.
+Verdict there: {verdict}. {reason}
+
+Usage: python repro.py [A_DIR B_DIR]   (defaults: the checkpoints of the original run)
+Exit code: 1 when the token lists differ, 0 when they are identical.
+"""
+
+import gc
+import sys
+
+from vllm import LLM, SamplingParams
+
+A = {a!r}
+B = {b!r}
+PROMPTS = {prompts!r}
+ENGINE = {engine!r}
+MAX_TOKENS = {max_tokens}
+
+
+def greedy(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, detokenize=False)
+    outputs = llm.generate([{{"prompt_token_ids": p}} for p in PROMPTS], params)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def main():
+    a, b = (sys.argv[1], sys.argv[2]) if len(sys.argv) == 3 else (A, B)
+    llm = LLM(model=b, **{cold_engine})
+    cold = greedy(llm)
+    del llm
+    gc.collect()
+
+    llm = LLM(model=a, **{warm_engine})
+    {refit}
+    warm = greedy(llm)
+
+    differ = 0
+    for i, (c, w) in enumerate(zip(cold, warm)):
+        first = next((j for j, (x, y) in enumerate(zip(c, w)) if x != y), None)
+        differ += first is not None
+        print(f"prompt {{i}}: cold B          {{c}}")
+        print(f"prompt {{i}}: A + refit to B  {{w}}" + ("" if first is None else f"   <- differs at token {{first}}"))
+    print(f"{{differ}} of {{len(PROMPTS)}} prompt(s) differ" if differ else "identical: not reproduced")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def is_stock(architecture: str | None) -> bool:
+    """Not one of the harness's planted-bug fixtures nor a user's out-of-tree model."""
+    from harness.engine.plugin import EXTRA_MODELS_ENV, FIXTURE_ARCHITECTURES, extra_architectures
+
+    try:
+        extra = extra_architectures(os.environ.get(EXTRA_MODELS_ENV))
+    except ValueError:
+        extra = {}
+    return bool(architecture) and architecture not in FIXTURE_ARCHITECTURES and architecture not in extra
+
+
+def repro_script(ev: Evaluation) -> str | None:
+    """The script for the first FAIL/XFAIL path with a plain-API refit, or None."""
+    record = ev.record
+    try:
+        config = json.loads((Path(record.checkpoints.a) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    architecture = (config.get("architectures") or [None])[0]
+    if not is_stock(architecture):
+        return None
+    failed = [v for v in ev.verdicts if v.status in (VerdictStatus.FAIL, VerdictStatus.XFAIL) and v.path in REFITS]
+    if not failed:
+        return None
+    verdict = failed[0]
+    extra, refit = REFITS[verdict.path]
+    e = record.spec.engine
+    engine = dict(skip_tokenizer_init=True, dtype=e.dtype, enforce_eager=e.mode == "eager",
+                  kv_cache_memory_bytes=e.kv_cache_memory_bytes, max_model_len=e.max_model_len,
+                  max_num_seqs=e.max_num_seqs, seed=e.seed, tensor_parallel_size=e.tensor_parallel_size)
+    env = dict(next((a.environment for a in ev.arms if a.environment), ()))
+    title = next((r.split(": ", 1)[1] for r in verdict.reasons if r.startswith("known issue on ")), None)
+    title = f"vLLM refit finding: {verdict.path} on {architecture}" if title is None else title
+    reason = next((r for r in verdict.reasons if "diverges at token" in r), verdict.reasons[0] if verdict.reasons else "")
+    return _TEMPLATE.format(
+        title=f"refit-harness repro: {verdict.path} on {architecture} ({verdict.status.value})",
+        path=verdict.path, vllm=env.get("vllm", "?"), torch=env.get("torch", "?"), device=env.get("device", "?"),
+        dtype=e.dtype, architecture=architecture, verdict=verdict.status.value,
+        reason=_wrap(f"{reason} Known as: {title}" if verdict.status is VerdictStatus.XFAIL else reason),
+        a=record.checkpoints.a, b=record.checkpoints.b, prompts=[list(p) for p in record.spec.prompts.token_ids],
+        engine=engine, max_tokens=record.spec.prompts.max_tokens,
+        cold_engine="ENGINE", warm_engine=f"{{**ENGINE, **{extra!r}}}" if extra else "ENGINE",
+        refit=refit)
+
+
+def _wrap(text: str, width: int = 92) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text.replace('"""', "'''"), width))

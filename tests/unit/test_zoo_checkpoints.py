@@ -1,0 +1,148 @@
+"""Headers-only checks before any engine: automatic control tensor, --target validation;
+sharded checkpoints streamed shard by shard; known issues scoped per version/arch/path."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from harness import checkpoints
+from harness.checkpoints import CheckpointError, TensorHeader, check_target, choose_control_tensor, read_headers
+from harness.spec import ControlSpec, KnownIssue, PerturbSpec
+
+
+def headers(**shapes) -> dict[str, TensorHeader]:
+    return {name.replace("__", "."): TensorHeader("BF16", shape, "model.safetensors") for name, shape in shapes.items()}
+
+
+def test_control_is_an_early_layer_norm_weight_whatever_the_naming():
+    llama = headers(model__embed_tokens__weight=(512, 128), model__layers__1__post_attention_layernorm__weight=(128,),
+                    model__layers__0__input_layernorm__weight=(128,), model__layers__0__post_attention_layernorm__weight=(128,),
+                    model__norm__weight=(128,), model__layers__0__self_attn__q_proj__weight=(128, 128))
+    name, why = choose_control_tensor(llama)
+    assert name == "model.layers.0.post_attention_layernorm.weight" and "earliest layer (0)" in why
+    mamba = headers(backbone__embeddings__weight=(512, 128), backbone__layers__0__mixer__norm__weight=(256,),
+                    backbone__layers__0__norm__weight=(128,), backbone__layers__1__norm__weight=(128,),
+                    backbone__norm_f__weight=(128,), backbone__layers__0__mixer__in_proj__weight=(600, 128))
+    assert choose_control_tensor(mamba)[0] == "backbone.layers.0.norm.weight"
+    moe = headers(model__layers__0__mlp__experts__0__norm__weight=(64,), model__layers__0__kv_a_layernorm__weight=(512,),
+                  model__layers__0__mlp__gate__weight=(4, 128))
+    assert choose_control_tensor(moe)[0] == "model.layers.0.kv_a_layernorm.weight"  # never an expert's
+    final_only = headers(transformer__ln_f__weight=(128,), transformer__wte__weight=(512, 128))
+    assert choose_control_tensor(final_only)[0] == "transformer.ln_f.weight"
+    no_vectors = headers(lm_head__weight=(512, 128), model__layers__0__mlp__experts__0__w1__weight=(64, 128),
+                         model__layers__0__attn__weight=(128, 128))
+    name, why = choose_control_tensor(no_vectors)
+    assert name == "model.layers.0.attn.weight" and "kernel probes" in why
+    ints = {"ids": TensorHeader("I64", (3,), "model.safetensors")}
+    with pytest.raises(CheckpointError, match="no floating-point tensor"):
+        choose_control_tensor(ints)
+
+
+def write(d, tensors: dict, shards: int = 1, config=None):
+    d.mkdir(parents=True, exist_ok=True)
+    names = sorted(tensors)
+    if shards == 1:
+        save_file(tensors, str(d / "model.safetensors"))
+    else:
+        weight_map = {}
+        for i in range(shards):
+            part = names[i::shards]
+            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({n: tensors[n] for n in part}, str(d / fname))
+            weight_map.update({n: fname for n in part})
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (d / "config.json").write_text(json.dumps(config or {"vocab_size": 10}))
+    return d
+
+
+def tensors(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return {f"model.layers.{i}.{m}": torch.randn(*shape, generator=g).to(dtype)
+            for i in range(2) for m, shape in (("input_layernorm.weight", (8,)), ("mlp.w.weight", (8, 4)))} \
+        | {"model.ids": torch.arange(3)}
+
+
+def test_target_must_have_the_same_names_shapes_and_dtypes_first_mismatch_named(tmp_path):
+    a = write(tmp_path / "A", tensors())
+    check_target(a, write(tmp_path / "same", tensors(), shards=2))  # sharding may differ
+    wrong_shape = {**tensors(), "model.layers.1.mlp.w.weight": torch.zeros(8, 5)}
+    with pytest.raises(CheckpointError, match=r"'model.layers.1.mlp.w.weight' is F32 \[8, 5\], A's is F32 \[8, 4\]"):
+        check_target(a, write(tmp_path / "shape", wrong_shape))
+    wrong_dtype = {**tensors(), "model.layers.0.input_layernorm.weight": torch.zeros(8, dtype=torch.bfloat16)}
+    with pytest.raises(CheckpointError, match="is BF16 \\[8\\], A's is F32 \\[8\\]"):
+        check_target(a, write(tmp_path / "dtype", wrong_dtype))
+    missing = {k: v for k, v in tensors().items() if k != "model.ids"}
+    with pytest.raises(CheckpointError, match="has no tensor 'model.ids'"):
+        check_target(a, write(tmp_path / "missing", missing))
+    with pytest.raises(CheckpointError, match="has tensor 'extra'"):
+        check_target(a, write(tmp_path / "extra", {**tensors(), "extra": torch.zeros(1)}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sharded_checkpoints_are_streamed_into_the_same_shards(tmp_path, dtype):
+    a = write(tmp_path / "A", tensors(dtype), shards=2)
+    b = checkpoints.perturbed(a, PerturbSpec(seed=3), cache=tmp_path / "c")
+    assert sorted(p.name for p in b.glob("*.safetensors")) == sorted(p.name for p in a.glob("*.safetensors"))
+    assert (b / "model.safetensors.index.json").read_text() == (a / "model.safetensors.index.json").read_text()
+    wa, wb = checkpoints.load_weights(a), checkpoints.load_weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert wb[name].dtype == wa[name].dtype and wb[name].shape == wa[name].shape
+        if wa[name].is_floating_point():
+            assert (wa[name] != wb[name]).all(), name
+        else:
+            assert torch.equal(wa[name], wb[name])  # integer tensors are left alone
+    # Each shard is a valid safetensors file on its own, holding exactly the names of its source shard.
+    for f in a.glob("*.safetensors"):
+        assert load_file(str(b / f.name)).keys() == load_file(str(f)).keys()
+    # Same recipe, same bytes: the seeded generator runs in one global name order.
+    b2 = checkpoints.perturbed(write(tmp_path / "A1", tensors(dtype)), PerturbSpec(seed=3), cache=tmp_path / "c2")
+    assert all(torch.equal(checkpoints.load_weights(b2)[n], wb[n]) for n in wb)
+
+
+def test_prepare_chooses_and_records_the_control_and_keeps_an_explicit_one(tmp_path):
+    a = write(tmp_path / "A", tensors())
+    auto = checkpoints.prepare(str(a), None, PerturbSpec(), ControlSpec(), cache=tmp_path / "c")
+    assert auto.control_tensor == "model.layers.0.input_layernorm.weight"
+    assert auto.control_reason.startswith("automatic: the input_layernorm weight of the earliest layer")
+    wb, wc = checkpoints.load_weights(auto.b), checkpoints.load_weights(auto.b_control)
+    assert [n for n in wb if not torch.equal(wb[n], wc[n])] == [auto.control_tensor]
+    given = checkpoints.prepare(str(a), None, PerturbSpec(), ControlSpec(tensor="model.layers.1.mlp.w.weight"),
+                                cache=tmp_path / "c")
+    assert (given.control_tensor, given.control_reason) == ("model.layers.1.mlp.w.weight", "given with --control-tensor")
+    with pytest.raises(CheckpointError, match="positive-control tensor 'nope' is not in"):
+        checkpoints.prepare(str(a), None, PerturbSpec(), ControlSpec(tensor="nope"), cache=tmp_path / "c")
+    with pytest.raises(CheckpointError, match="--target .* has no tensor"):
+        checkpoints.prepare(str(a), str(write(tmp_path / "T", {"x": torch.zeros(1)})), PerturbSpec(), ControlSpec(),
+                            cache=tmp_path / "c")
+
+
+def test_known_issue_scope_by_version_architecture_path_and_device():
+    k = KnownIssue(device="cpu", reason="r", vllm=("==0.32.*",), architectures=("Qwen3MoeForCausalLM",),
+                   paths=("reload_weights",))
+    assert k.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM")
+    assert k.applies("reload_weights", "cpu", "0.32.1+cpu", "Qwen3MoeForCausalLM")
+    assert not k.applies("reload_weights", "cpu", "0.33.0", "Qwen3MoeForCausalLM")  # fixed upstream: a real verdict
+    assert not k.applies("reload_weights", "cpu", None, "Qwen3MoeForCausalLM")
+    assert not k.applies("reload_weights", "cpu", "0.32.0", "LlamaForCausalLM")
+    assert not k.applies("transfer_gloo", "cpu", "0.32.0", "Qwen3MoeForCausalLM")
+    assert not k.applies("reload_weights", "NVIDIA H100", "0.32.0", "Qwen3MoeForCausalLM")
+    from harness.paths import PATHS
+
+    moe = PATHS.get("reload_weights").known_issue("cpu (x86_64)", "0.32.0", "MixtralForCausalLM")
+    assert moe is not None and "expert" in moe.reason
+    assert PATHS.get("reload_weights").known_issue("cpu (x86_64)", "0.32.0", "LlamaForCausalLM") is None
+    own = PATHS.get("reload_kernel_format").known_issue("cpu (x86_64)", "0.32.0", "LlamaForCausalLM")
+    assert own is not None and own.tensor_kinds == ("kernel",)  # a path's own issue still applies
+
+
+def test_read_headers_needs_no_torch_and_reads_every_shard(tmp_path):
+    a = write(tmp_path / "A", tensors(torch.bfloat16), shards=2)
+    h = read_headers(a)
+    assert h["model.layers.1.mlp.w.weight"] == TensorHeader("BF16", (8, 4), h["model.layers.1.mlp.w.weight"].file)
+    assert {x.file for x in h.values()} == {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+    (a / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="names shard 'model-00002-of-00002.safetensors'"):
+        read_headers(a)
