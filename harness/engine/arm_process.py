@@ -39,7 +39,8 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
         packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(first["packed_modules_mapping"].items())),
         world_size=len(per_rank),
     )
-    hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"]) for h in first["hooks"])
+    hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"], owner=h.get("owner", ""))
+                  for h in first["hooks"])
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
     return Observation(label=label, tensors=tensors, consumed=record_consumed(engine, arm.prompts), hooks=hooks,
                        outputs=engine.generate(arm.prompts), model=model)
@@ -65,8 +66,20 @@ def environment() -> tuple[tuple[str, str], ...]:
     import vllm
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
-    return (("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),
-            ("python", platform.python_version()))
+    facts = [("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),
+             ("python", platform.python_version()), ("python_executable", sys.executable),
+             ("vllm_path", str(Path(vllm.__file__).parent)),
+             ("torch_git_sha", str(getattr(torch.version, "git_version", "") or ""))]
+    try:  # setuptools-scm/vcs-versioning record the commit of a source build (None for PyPI wheels)
+        from vllm import _version
+
+        facts.append(("vllm_git_sha", str(getattr(_version, "__commit_id__", None) or "")))
+    except ImportError:
+        facts.append(("vllm_git_sha", ""))
+    build = os.environ.get("REFIT_HARNESS_BUILD")
+    if build:
+        facts.append(("build", build))
+    return tuple(facts)
 
 
 def run(arm: ArmPlan, result_path: Path) -> ArmResult:

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from harness import store
+from harness import builds, store
 from harness.plan import ArmPlan
 from harness.records import ArmResult
 
@@ -32,9 +32,12 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     result_file.unlink(missing_ok=True)
     started = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    # A named build: its interpreter, with the harness made importable there (see harness.builds).
+    env.update(builds.build_env(arm.build))
+    python = arm.build.python if arm.build and arm.build.python else sys.executable
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],
+            [python, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
         timed_out = False
