@@ -167,6 +167,23 @@ def _builds(args: argparse.Namespace):
     return tuple(specs)
 
 
+def _build_sequence(build_specs, noise_arg: str | None):
+    """[(run name, build)] in run order (the noise build again as NAME2 right after it), the
+    labels base/pr/base2 of those run names, and the noise run's name (or None)."""
+    names = [b.name for b in build_specs]
+    noise = noise_arg if noise_arg is not None else (names[0] if len(names) > 1 else "none")
+    if noise != "none" and noise not in names:
+        raise ValueError(f"--noise-build {noise!r} is not one of the --build names {names}")
+    sequence = [(b.name, b) for b in build_specs]
+    if noise != "none":
+        sequence.insert(names.index(noise) + 1, (noise + "2", build_specs[names.index(noise)]))
+    labels = {names[0]: "base", names[-1]: "pr"}
+    base2 = noise + "2" if noise == names[0] else None  # only base run again is base2
+    if base2:
+        labels[base2] = "base2"
+    return sequence, labels, base2
+
+
 def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
     """One run per build in OUT/NAME (the noise build twice), then the comparison in OUT."""
     from harness.crossbuild import CompareError
@@ -174,17 +191,13 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
     from harness.report import write_reports
 
     out = Path(args.out or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}")
-    noise = args.noise_build if args.noise_build is not None else (build_specs[0].name if len(build_specs) > 1 else "none")
-    if noise != "none" and noise not in [b.name for b in build_specs]:
-        return _fail(f"--noise-build {noise!r} is not one of the --build names")
-    plan = [(b.name, b) for b in build_specs]
-    if noise != "none":
-        first = next(b for b in build_specs if b.name == noise)
-        plan.insert([n for n, _ in plan].index(noise) + 1, (noise + "2", first))
+    try:
+        sequence, labels, base2 = _build_sequence(build_specs, args.noise_build)
+    except ValueError as exc:
+        return _fail(str(exc))
     base_spec = spec_from_args(args)
-    runs: dict[str, Path] = {}
     codes = []
-    for name, build in plan:
+    for name, build in sequence:
         _progress(f"build {name}: {build.python or sys.executable}")
         try:
             evaluation = execute(replace(base_spec, build=replace(build, name=name)), out / name, _progress, fan=fan,
@@ -194,13 +207,10 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
         write_reports(evaluation, out / name)
         for v in evaluation.verdicts:
             _progress(f"[{name}] {v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
-        runs[name] = out / name
         codes.append(evaluation.exit_code)
-    names = [b.name for b in build_specs]
-    base, pr = names[0], names[-1]
-    labels = {base: "base", pr: "pr", (noise + "2"): "base2"}
+    base, pr = build_specs[0].name, build_specs[-1].name
     try:
-        code = write_compare(runs[base], runs[pr], runs.get(noise + "2") if noise == base else None, out,
+        code = write_compare(out / base, out / pr, out / base2 if base2 else None, out,
                              [_relabel(e, labels) for e in args.expect])
     except CompareError as exc:
         return _fail(str(exc))
@@ -258,6 +268,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
+    from harness.crossbuild import CompareError
     from harness.pipeline import UsageError, execute
     from harness.registry import UnknownName
     from harness.report import write_reports
@@ -272,21 +283,47 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     groups = expand(scenario, tuple(args.only), tuple(args.skip))
     if not groups:
         return _fail(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")
+    given = [b.name for b in build_specs]
+    if scenario.builds and given != list(scenario.builds):
+        return _fail(f"scenario {scenario.name!r} compares builds {', '.join(scenario.builds)}: give them in that "
+                     f"order, e.g. " + " ".join(f"--build {n}=PATH_TO_VENV" for n in scenario.builds))
+    if len(given) == 1:
+        return _fail("a scenario compares two or more builds (base first, pr last); one --build is a plain run")
     out = Path(args.out or args.resume or Path("reports") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    results = []
-    for group in groups:
-        group = resolve_model(group, args.model)
-        _progress(f"cell group {group.id}: {', '.join(group.spec.paths)}")
-        try:
-            evaluation = execute(group.spec, out / group.id, _progress, fan=fan, resume=bool(args.resume))
-        except UsageError as exc:
-            return _fail(str(exc))
-        write_reports(evaluation, out / group.id)
-        results.append((group, evaluation))
-    summary = matrix_summary(scenario.name, results)
+    try:
+        sequence, labels, base2 = _build_sequence(build_specs, args.noise_build) if build_specs else ([("", None)], {}, None)
+    except ValueError as exc:
+        return _fail(str(exc))
+    per_build: dict[str, list] = {}
+    for name, build in sequence:
+        where = out / name if name else out
+        results = per_build.setdefault(name, [])
+        for group in groups:
+            group = resolve_model(group, args.model)
+            spec = replace(group.spec, build=replace(build, name=name)) if build else group.spec
+            _progress(f"cell group {group.id}" + (f" on build {name}" if name else "") + f": {', '.join(spec.paths)}")
+            try:
+                evaluation = execute(spec, where / group.id, _progress, fan=fan, resume=bool(args.resume))
+            except UsageError as exc:
+                return _fail(str(exc))
+            write_reports(evaluation, where / group.id)
+            results.append((group, evaluation))
+    comparisons: dict[str, tuple[str, int]] = {}
+    if build_specs:
+        base, pr = given[0], given[-1]
+        expect = [f"{b}={v}" for b, v in scenario.expect.items()] + list(args.expect)
+        for group, _ in per_build[base]:
+            try:
+                code = write_compare(out / base / group.id, out / pr / group.id,
+                                     out / base2 / group.id if base2 else None, out / "compare" / group.id,
+                                     [_relabel(e, labels) for e in expect])
+            except CompareError as exc:
+                return _fail(str(exc))
+            comparisons[group.id] = (f"compare/{group.id}/index.html", code)
+    summary = matrix_summary(scenario.name, per_build, comparisons)
     index = write_matrix(out, summary)
     for cell, c in summary["cells"].items():
-        _progress(f"{cell}: {c['verdict']}")
+        _progress(f"{cell}: " + (" ".join(f"{b}={v}" for b, v in c["builds"].items()) if build_specs else c["verdict"]))
     print(f"report: {index.resolve()}")
     return summary["exit_code"]
 
