@@ -190,7 +190,7 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
     from harness.pipeline import UsageError, execute
     from harness.report import write_reports
 
-    out = Path(args.out or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out or args.resume or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         sequence, labels, base2 = _build_sequence(build_specs, args.noise_build)
     except ValueError as exc:

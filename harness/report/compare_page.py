@@ -119,6 +119,7 @@ def svg_layer_bars(rows: tuple[tuple[str, float, float | None], ...]) -> Markup:
         return Markup("<p class='muted'>No cold-B census in both runs.</p>")
     w, h, left, bottom = 640, 200, 50, 40
     top = max([r[1] for r in rows] + [r[2] or 0.0 for r in rows] + [1e-12])
+    flat = all(r[1] == 0 and not r[2] for r in rows)
     slot = (w - left - 10) / len(rows)
     parts = [f"<svg id=\"plot-layers\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>",
              f"<line x1='{left}' y1='{h - bottom}' x2='{w - 5}' y2='{h - bottom}' stroke='#888'/>",
@@ -134,6 +135,9 @@ def svg_layer_bars(rows: tuple[tuple[str, float, float | None], ...]) -> Markup:
                          f"{value:.3g}</title></rect>")
         parts.append(f"<text x='{x + slot / 2:.1f}' y='{h - bottom + 14}' font-size='10' text-anchor='middle'>"
                      f"{escape(layer)}</text>")
+    if flat:
+        parts.append(f"<text x='{w / 2:.0f}' y='{h / 2 - 10:.0f}' font-size='12' text-anchor='middle'>no tensor value "
+                     "differs in any layer (every bar is 0)</text>")
     parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'><tspan class='lg-pr'>■</tspan> pr vs base  "
                  "<tspan class='lg-floor'>■</tspan> base2 vs base (floor)</text></svg>")
     return Markup("".join(parts))
@@ -211,9 +215,9 @@ th.sort:after{content:' ⇅';color:#99a}code,.mono{font-family:ui-monospace,mono
 .grid td.v{text-align:center;font-weight:700;min-width:7rem}.grid th{text-align:center}
 .banner{padding:.6rem 1rem;border-radius:4px;font-weight:700;margin:.8rem 0}.banner.met{border-left:6px solid #2e7d32}
 .banner.unmet{border-left:6px solid #c0392b}details{margin:.4rem 0}summary{cursor:pointer;color:#334}
-.plot{max-width:100%;height:auto;background:#fafbfd;border:1px solid #e2e4ea}.bar-pr,.mark-pr{fill:#c0392b}
+.plot{display:block;margin:.4rem 0;max-width:100%;height:auto;background:#fafbfd;border:1px solid #e2e4ea}.bar-pr,.mark-pr{fill:#c0392b}
 .bar-floor,.mark-floor{fill:#7f8c9a}.mark-base{fill:#2c6fbb}.band{fill:#cfd8e3}.lg-pr{fill:#c0392b}
-.lg-floor{fill:#7f8c9a}input.filter{margin:.3rem 0;padding:.2rem .4rem;width:22rem}.notes li{color:#7a4b00}
+.lg-floor{fill:#7f8c9a}input.filter{display:block;margin:.3rem 0;padding:.2rem .4rem;width:22rem}.notes li{color:#7a4b00}
 """
 
 JS = """
