@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "its own run in OUT/NAME, and OUT gets the comparison (see 'refit-harness build')")
     run.add_argument("--expect", action="append", default=[], metavar="NAME[:PATH_GLOB]=VERDICT",
                      help="expected verdict per build, e.g. base=FAIL pr=PASS; a build that misses it fails the run")
+    run.add_argument("--throughput", nargs="?", const="8x32x3", metavar="BATCHxLENxREPS",
+                     help="also measure generation throughput on cold B and after each subject's first refit "
+                          "(default 8x32x3: batch 8, 32 tokens, 3 timed runs)")
     run.add_argument("--noise-build", metavar="NAME",
                      help="with several builds: run this one twice, the second time as NAME2, the run-to-run floor "
                           "(default: the first build; 'none' to skip)")
@@ -119,7 +122,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         except store.SchemaError as exc:
             return _fail(f"cannot resume {out}: {exc}")
     else:
-        spec, out = spec_from_args(args), Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S")
+        try:
+            spec = spec_from_args(args)
+        except UsageError as exc:
+            return _fail(str(exc))
+        out = Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S")
         if build_specs:
             spec = replace(spec, build=build_specs[0])
     try:
@@ -146,7 +153,23 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return RunSpec(model=model, target=args.target, paths=paths,
                    engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
-                   judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout)
+                   judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout,
+                   throughput=_throughput(args.throughput))
+
+
+def _throughput(text: str | None):
+    from harness.pipeline import UsageError
+    from harness.spec import ThroughputSpec
+
+    if text is None:
+        return None
+    try:
+        batch, length, reps = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--throughput takes BATCHxLENxREPS, e.g. 8x32x3; got {text!r}") from None
+    if min(batch, length, reps) < 1 or batch > EngineSpec.max_num_seqs:
+        raise UsageError(f"--throughput {text}: each number must be >= 1 and the batch at most {EngineSpec.max_num_seqs}")
+    return ThroughputSpec(batch=batch, output_len=length, repetitions=reps)
 
 
 def _builds(args: argparse.Namespace):
@@ -195,7 +218,10 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
         sequence, labels, base2 = _build_sequence(build_specs, args.noise_build)
     except ValueError as exc:
         return _fail(str(exc))
-    base_spec = spec_from_args(args)
+    try:
+        base_spec = spec_from_args(args)
+    except UsageError as exc:
+        return _fail(str(exc))
     codes = []
     for name, build in sequence:
         _progress(f"build {name}: {build.python or sys.executable}")
@@ -301,6 +327,10 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
         for group in groups:
             group = resolve_model(group, args.model)
             spec = replace(group.spec, build=replace(build, name=name)) if build else group.spec
+            try:
+                spec = replace(spec, throughput=_throughput(args.throughput))
+            except UsageError as exc:
+                return _fail(str(exc))
             _progress(f"cell group {group.id}" + (f" on build {name}" if name else "") + f": {', '.join(spec.paths)}")
             try:
                 evaluation = execute(spec, where / group.id, _progress, fan=fan, resume=bool(args.resume))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -212,6 +211,28 @@ class TimingRow:
 
 
 @dataclass(frozen=True)
+class ThroughputRow:
+    """Generation throughput at one point (cold B, or a path after its refit), per build."""
+
+    point: str
+    """``cold_B`` or a reload path."""
+    base_median: float | None
+    """tokens/s on base (median)."""
+    pr_median: float | None
+    """On pr."""
+    base2_median: float | None
+    """On base2."""
+    band_low: float | None
+    """Lowest sample of base and base2 together: the floor's band."""
+    band_high: float | None
+    """Highest sample of base and base2 together."""
+    outcome: str
+    """``no measurable difference`` (pr's median inside the band), ``slower``, ``faster`` or ``not measured``."""
+    slower_than_cold: str
+    """Builds whose refit engine is slower than their own cold B beyond its floor, e.g. ``pr``."""
+
+
+@dataclass(frozen=True)
 class BuildComparison:
     """Everything the comparison report shows."""
 
@@ -237,6 +258,8 @@ class BuildComparison:
     """Things a reviewer must know (no base2, different checkpoints...)."""
     command: str
     """Command line that made the comparison."""
+    throughput: tuple[ThroughputRow, ...] = ()
+    """The throughput probe, when the runs had ``--throughput``."""
 
     @property
     def exit_code(self) -> int:
@@ -291,7 +314,8 @@ def compare_builds(base: Evaluation, pr: Evaluation, base2: Evaluation | None = 
         builds=tuple(builds), verdicts=verdicts, tokens=token_rows(base, pr, base2),
         status_changes=status_changes(base, pr, base2), values=value_rows(base, pr, base2),
         layer_change=layer_changes(base, pr, base2), hooks=hook_rows(base, pr), timings=timing_rows(base, pr, base2),
-        expectations=check_expectations(verdicts, expectations), notes=tuple(notes), command=command)
+        expectations=check_expectations(verdicts, expectations), notes=tuple(notes), command=command,
+        throughput=throughput_rows(base, pr, base2))
 
 
 # --- verdicts ------------------------------------------------------------------------------
@@ -554,6 +578,24 @@ def timing_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> t
     return tuple(rows)
 
 
-def median_spread(values: list[float]) -> tuple[float, float]:
-    """Median and (max - min) of repeated measurements."""
-    return statistics.median(values), (max(values) - min(values)) if values else 0.0
+def throughput_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[ThroughputRow, ...]:
+    from harness.throughput import points
+
+    runs = {"base": base, "pr": pr, "base2": base2}
+    per = {label: {p.point: p for p in points(ev.arms)} if ev else {} for label, ev in runs.items()}
+    rows = []
+    for point in list(per["base"]) + [x for x in per["pr"] if x not in per["base"]]:
+        b, p, b2 = per["base"].get(point), per["pr"].get(point), per["base2"].get(point)
+        floor = [x for q in (b, b2) if q for x in q.samples]
+        lo, hi = (min(floor), max(floor)) if floor else (None, None)
+        if p is None or b is None:
+            outcome = "not measured"
+        elif lo <= p.median <= hi:
+            outcome = NO_DIFFERENCE
+        else:
+            outcome = "slower" if p.median < lo else "faster"
+        slower = ", ".join(label for label, q in (("base", b), ("base2", b2), ("pr", p)) if q and q.slower_than_cold)
+        rows.append(ThroughputRow(point=point, base_median=b.median if b else None, pr_median=p.median if p else None,
+                                  base2_median=b2.median if b2 else None, band_low=lo, band_high=hi, outcome=outcome,
+                                  slower_than_cold=slower))
+    return tuple(rows)

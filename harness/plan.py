@@ -9,7 +9,7 @@ from harness.builds import BuildSpec
 from harness.checkpoints import CheckpointSet
 from harness.paths.base import EngineRequirements, RefitTarget
 from harness.records import ArmRole
-from harness.spec import EngineSpec, PromptSpec, RunSpec
+from harness.spec import EngineSpec, PromptSpec, RunSpec, ThroughputSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 
@@ -18,10 +18,11 @@ OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 class Step:
     """One thing an arm does after its cold start."""
 
-    action: Literal["observe", "refit"]
-    """``observe``: census + greedy outputs; ``refit``: update weights through ``path``."""
+    action: Literal["observe", "refit", "measure"]
+    """``observe``: census + greedy outputs; ``refit``: update weights through ``path``;
+    ``measure``: the throughput probe."""
     argument: str
-    """For ``observe``, the observation label; for ``refit``, the checkpoint key (A, B, B_control)."""
+    """For ``observe`` and ``measure``, the label; for ``refit``, the checkpoint key (A, B, B_control)."""
     path: str | None = None
     """Reload path of a ``refit`` step."""
 
@@ -52,6 +53,8 @@ class ArmPlan:
     """Kill the arm after this long."""
     build: BuildSpec | None = None
     """Interpreter (vLLM build) the arm runs under; None: the harness's own."""
+    throughput: ThroughputSpec | None = None
+    """Settings of the arm's ``measure`` steps, if any."""
 
     @property
     def cold_label(self) -> str:
@@ -99,12 +102,14 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, tuple[
     """``paths`` maps each requested path to its engine requirements and refit targets;
     ``unavailable`` maps a path to the reason it cannot run on this machine."""
     common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s,
-                  build=spec.build)
+                  build=spec.build, throughput=spec.throughput)
     runnable = [p for p in spec.paths if p not in unavailable]
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
     if not runnable:
         return Plan(arms=(), skipped=skipped)
     cold_b = (Step("observe", "cold_B"),)
+    if spec.throughput:
+        cold_b += (Step("measure", "cold_B/throughput"),)
     plain = EngineRequirements()
     arms = [ArmPlan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain, **common),
             ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common)]
@@ -114,6 +119,10 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, tuple[
     for requirements, members in groups.items():
         probe = ArmPlan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements, **common)
         steps = (Step("observe", probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p][1]))
+        if spec.throughput:  # right after the first path's refit to B: the refit engine's speed
+            at = steps.index(Step("observe", f"{members[0]}/warm_B")) + 1 if Step(
+                "observe", f"{members[0]}/warm_B") in steps else len(steps)
+            steps = steps[:at] + (Step("measure", f"{members[0]}/throughput"),) + steps[at:]
         arms.append(ArmPlan(name="subject-" + "+".join(members), role="subject", paths=tuple(members), start="A",
                             steps=steps, requirements=requirements, **common))
     return Plan(arms=tuple(arms), skipped=skipped)

@@ -127,6 +127,20 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """Generation throughput measured at one point of an arm's life."""
+
+    label: str
+    """``cold_B/throughput`` or ``<path>/throughput`` (after that path's refit to B)."""
+    batch: int
+    """Prompts per run."""
+    output_len: int
+    """Tokens asked per prompt."""
+    tokens_per_s: tuple[float, ...]
+    """Generated tokens per second of each timed run."""
+
+
+@dataclass(frozen=True)
 class ArmResult:
     """One engine lifetime: its observations, or the error that ended it."""
 
@@ -146,6 +160,8 @@ class ArmResult:
     """Wall time of the arm, engine start included."""
     environment: tuple[tuple[str, str], ...] = field(default=())
     """vLLM/torch versions, device and similar facts read inside the arm."""
+    measurements: tuple[Measurement, ...] = field(default=())
+    """Throughput probes (``--throughput``), in the order taken."""
 
     def observation(self, label: str) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

@@ -106,6 +106,18 @@ class KnownIssue:
 
 
 @dataclass(frozen=True)
+class ThroughputSpec:
+    """The optional generation-throughput probe (``--throughput``)."""
+
+    batch: int = 8
+    """Prompts generated at once (at most the engine's ``max_num_seqs``)."""
+    output_len: int = 32
+    """Greedy tokens per prompt."""
+    repetitions: int = 3
+    """Timed runs after one untimed warm-up; the report shows their median and spread."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One oracle run: checkpoints, paths and settings."""
 
@@ -129,3 +141,5 @@ class RunSpec:
     """An arm running longer than this is killed and marked ERROR."""
     build: BuildSpec | None = None
     """The Python environment (vLLM build) every arm runs under; None: the harness's own."""
+    throughput: ThroughputSpec | None = None
+    """Measure generation throughput on cold B and after each subject's first refit; None: off."""

@@ -18,7 +18,8 @@ from pathlib import Path
 from harness import store
 from harness.engine.handles import Engine, build_engine
 from harness.plan import ArmPlan
-from harness.records import ArmResult, ConsumedTensor, HookRecord, ModelInfo, Observation, TensorRecord
+from harness.records import (ArmResult, ConsumedTensor, HookRecord, Measurement, ModelInfo, Observation,
+                             TensorRecord)
 from harness.spec import PromptSpec
 
 
@@ -61,6 +62,22 @@ def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[ConsumedTensor
         for r in per_rank for c in r["consumed"])
 
 
+def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:
+    """Greedy generation of a batch of the fixed prompts: one untimed warm-up, then timed runs."""
+    spec = arm.throughput
+    assert spec is not None, "a measure step without a throughput spec"
+    batch = tuple(arm.prompts.token_ids[i % len(arm.prompts.token_ids)] for i in range(spec.batch))
+    prompts = PromptSpec(token_ids=batch, max_tokens=spec.output_len, logprobs=0)
+    engine.generate(prompts)
+    rates = []
+    for _ in range(spec.repetitions):
+        t0 = time.perf_counter()
+        outputs = engine.generate(prompts)
+        elapsed = time.perf_counter() - t0
+        rates.append(round(sum(len(o.token_ids) for o in outputs) / elapsed, 3))
+    return Measurement(label=label, batch=spec.batch, output_len=spec.output_len, tokens_per_s=tuple(rates))
+
+
 def environment() -> tuple[tuple[str, str], ...]:
     import torch
     import vllm
@@ -87,12 +104,13 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
 
     started = time.monotonic()
     observations: list[Observation] = []
+    measurements: list[Measurement] = []
     env: tuple[tuple[str, str], ...] = ()
 
     def save(status: str, error: str | None) -> ArmResult:
         result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
-                           environment=env)
+                           environment=env, measurements=tuple(measurements))
         store.dump(result, result_path, "arm_result")
         return result
 
@@ -115,6 +133,9 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
                     watchdog = watch_engine_processes(lambda why: save("error", why))
+            elif step.action == "measure":
+                measurements.append(measure_throughput(engine, arm, step.argument))
+                save("error", f"arm stopped after measuring {step.argument!r}")
             else:
                 observations.append(observe(engine, arm, step.argument))
                 # Keep what was measured; if the arm dies later, this file says so.

@@ -89,7 +89,8 @@ def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: f
         message = f"{message}; {recorded.error}"
     return ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status="error", error=message,
                      observations=observations, seconds=seconds,
-                     environment=recorded.environment if recorded else ())
+                     environment=recorded.environment if recorded else (),
+                     measurements=recorded.measurements if recorded else ())
 
 
 # vLLM's own logger line for an exception raised in an engine process, e.g.

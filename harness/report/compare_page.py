@@ -22,6 +22,7 @@ def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
     files: dict[str, Path] = {}
     tables = {"verdicts.csv": cmp.verdicts, "tokens.csv": cmp.tokens, "tensor_changes.csv": cmp.status_changes,
               "values.csv": cmp.values, "hooks.csv": cmp.hooks, "timings.csv": cmp.timings,
+              "throughput.csv": cmp.throughput,
               "builds.csv": cmp.builds}
     for name, rows in tables.items():
         files[name] = _csv(out / name, rows)
@@ -99,6 +100,9 @@ def render_markdown(cmp: BuildComparison) -> str:
     values = [v for v in cmp.values if v.outcome != NO_DIFFERENCE]
     lines.append(f"Cold-B tensor values that differ between builds beyond the floor: {len(values)}"
                  + (f" (first: `{values[0].tensor}`, {values[0].outcome})" if values else ""))
+    for t in cmp.throughput:
+        lines.append(f"Throughput `{t.point}`: base {t.base_median or 0:.1f}, pr {t.pr_median or 0:.1f} tokens/s — "
+                     f"{t.outcome}" + (f"; refit slower than cold B on {t.slower_than_cold}" if t.slower_than_cold else ""))
     hooks = [h for h in cmp.hooks if h.outcome == "changed"]
     lines.append(f"Post-load hook classes that changed: {len(hooks)}"
                  + (" — " + ", ".join(f"`{h.owner}` ({h.kind}) {h.base}→{h.pr}" for h in hooks[:5]) if hooks else ""))
@@ -196,6 +200,32 @@ def svg_timings(rows) -> Markup:
                              f"<title>{value:.1f} s</title></circle>")
     parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>seconds (0..{top:.0f}) · base ● base2 ● pr ● · "
                  "band: base..base2</text></svg>")
+    return Markup("".join(parts))
+
+
+def svg_throughput(rows) -> Markup:
+    """tokens/s per point: the base..base2 band shaded, each build's median marked."""
+    rows = [r for r in rows if r.base_median is not None or r.pr_median is not None]
+    if not rows:
+        return Markup("")
+    w, row, left = 640, 26, 150
+    h = row * len(rows) + 36
+    top = max(x for r in rows for x in (r.band_high, r.pr_median, r.base_median) if x is not None) * 1.1
+    scale = (w - left - 20) / top
+    parts = [f"<svg id=\"plot-throughput\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
+    for i, r in enumerate(rows):
+        y = 16 + i * row
+        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>{escape(r.point[:22])}</text>")
+        if r.band_low is not None:
+            parts.append(f"<rect class='band' x='{left + r.band_low * scale:.1f}' y='{y - 8}' "
+                         f"width='{max((r.band_high - r.band_low) * scale, 1):.1f}' height='16'><title>base/base2 "
+                         f"samples: {r.band_low:.1f}-{r.band_high:.1f} tokens/s</title></rect>")
+        for value, cls in ((r.base_median, "mark-base"), (r.base2_median, "mark-floor"), (r.pr_median, "mark-pr")):
+            if value is not None:
+                parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
+                             f"<title>{value:.1f} tokens/s</title></circle>")
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>tokens/s (0..{top:.0f}) · base ● base2 ● pr ● · band: "
+                 "base and base2 samples</text></svg>")
     return Markup("".join(parts))
 
 
@@ -307,6 +337,18 @@ cold B twice inside each run.</p>
 <td>{{ h.base_runs_on_refit }}</td><td>{{ h.pr_runs_on_refit }}</td><td class="{{ h.outcome }}">{{ h.outcome }}</td></tr>
 {% endfor %}</tbody></table></section>
 
+<section id="throughput"><h2>Generation throughput (--throughput)</h2>
+{% if cmp.throughput %}<p class="muted">tokens/s, median of the timed runs; the band is every base and base2 sample. A
+refit engine slower than its own cold B beyond the cold engines' samples is flagged.</p>
+{{ plot_throughput }}
+<table class="sortable" id="t-throughput"><thead><tr><th>point</th><th>base</th><th>base2</th><th>pr</th><th>band</th>
+<th>outcome</th><th>refit slower than cold B</th></tr></thead><tbody>
+{% for r in cmp.throughput %}<tr><td><code>{{ r.point }}</code></td><td>{{ num(r.base_median) }}</td>
+<td>{{ num(r.base2_median) }}</td><td>{{ num(r.pr_median) }}</td><td>{{ num(r.band_low) }}–{{ num(r.band_high) }}</td>
+<td class="{{ cls(r.outcome) }}">{{ r.outcome }}</td><td class="{{ 'differs' if r.slower_than_cold else '' }}">
+{{ r.slower_than_cold or 'no' }}</td></tr>{% endfor %}</tbody></table>
+{% else %}<p class="muted">Not measured: run with <code>--throughput</code>.</p>{% endif %}</section>
+
 <section id="timings"><h2>Arm wall time (engine start included)</h2>
 <p class="muted">A coarse speed measure; a delta inside the base..base2 band is “{{ nmd }}”.</p>
 {{ plot_timings }}
@@ -342,7 +384,7 @@ def render_html(cmp: BuildComparison) -> str:
         measured=[v for v in cmp.values if v.outcome != NO_DIFFERENCE],
         floor_values=[v for v in cmp.values if v.outcome == NO_DIFFERENCE],
         plot_layers=svg_layer_bars(cmp.layer_change), plot_divergence=svg_divergence(cmp.tokens),
-        plot_timings=svg_timings(cmp.timings), css=Markup(CSS), js=Markup(JS), num=num, cls=cls)
+        plot_timings=svg_timings(cmp.timings), plot_throughput=svg_throughput(cmp.throughput), css=Markup(CSS), js=Markup(JS), num=num, cls=cls)
 
 
 def _view(cmp: BuildComparison, builds: dict):

@@ -36,11 +36,16 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
     noise_tokens = {str(d.prompt): {"first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff}
                     for d in noise.tokens if d.check == "noise"} if noise else {}
     env = dict(next((a.environment for a in ev.arms if a.environment), ()))
+    from harness.throughput import points
+
+    throughput = {p.point: {"median_tokens_per_s": p.median, "spread": p.spread, "samples": list(p.samples),
+                            "slower_than_cold_B": p.slower_than_cold} for p in points(ev.arms)}
     return {
         "schema_version": SCHEMA_VERSION,
         "exit_code": ev.exit_code,
         "paths": paths,
         "noise_floor": {"differing_tensors": noise_tensors, "tokens": noise_tokens},
+        "throughput": throughput,
         "arms": [{"arm": a.arm, "role": a.role, "paths": list(a.paths), "status": a.status, "error": a.error,
                   "seconds": a.seconds, "observations": [o.label for o in a.observations]} for a in ev.arms],
         "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
@@ -71,6 +76,9 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         reasons = "<br>".join(_md(r) for r in p["reasons"][:4]) or "—"
         lines.append(f"| `{name}` | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | "
                      f"{_md(p['first_divergent_tensor'] or '—')} | {reasons} |")
+    for point, t in summary.get("throughput", {}).items():
+        flag = " — **slower than cold B** beyond its floor" if t["slower_than_cold_B"] else ""
+        lines.append(f"Throughput `{point}`: {t['median_tokens_per_s']:.1f} tokens/s (spread {t['spread']:.1f}){flag}")
     nf = summary["noise_floor"]
     lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
               f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]

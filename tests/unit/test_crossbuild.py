@@ -128,3 +128,37 @@ def test_report_files_are_self_contained_and_escaped(tmp_path):
     assert "| `p` | ❌ FAIL |" in md and "Expectations: met" in md
     assert files["verdicts.csv"].read_text().splitlines()[0].startswith("schema_version,path,base,pr,base2,outcome")
     assert render_html(cmp) == html
+
+
+def with_throughput(ev, cold, refit):
+    """Put throughput samples on a synthetic run: ``cold`` on both cold engines, ``refit`` on the subject."""
+    from harness.records import Measurement
+
+    def m(label, xs):
+        return (Measurement(label=label, batch=8, output_len=32, tokens_per_s=tuple(xs)),)
+
+    arms = tuple(dataclasses.replace(a, measurements=m("cold_B/throughput", cold) if a.role != "subject"
+                                     else m("p/throughput", refit)) for a in ev.arms)
+    return dataclasses.replace(ev, arms=arms)
+
+
+def test_throughput_inside_the_base_base2_band_is_no_measurable_difference():
+    base = with_throughput(evaluation(), [100, 104, 102], [101, 103, 99])
+    base2 = with_throughput(evaluation(), [98, 101, 99], [100, 97, 102])
+    rows = {r.point: r for r in compare_builds(base, with_throughput(evaluation(), [99, 100, 101], [100, 101, 99]),
+                                                base2).throughput}
+    assert rows["cold_B"].outcome == NO_DIFFERENCE and rows["p"].outcome == NO_DIFFERENCE
+    rows = {r.point: r for r in compare_builds(base, with_throughput(evaluation(), [60, 61, 59], [100, 101, 99]),
+                                                base2).throughput}
+    assert rows["cold_B"].outcome == "slower" and rows["p"].outcome == NO_DIFFERENCE
+
+
+def test_a_refit_engine_slower_than_its_own_cold_b_is_flagged():
+    from harness.throughput import points
+
+    slow = with_throughput(evaluation(), [100, 104, 102], [80, 82, 81])
+    assert {p.point: p.slower_than_cold for p in points(slow.arms)} == {"cold_B": False, "p": True}
+    same = with_throughput(evaluation(), [100, 104, 102], [99, 103, 101])  # median 101 >= min cold 100
+    assert not any(p.slower_than_cold for p in points(same.arms))
+    rows = compare_builds(same, slow).throughput
+    assert {r.point: r.slower_than_cold for r in rows}["p"] == "pr"
