@@ -367,6 +367,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         cells = [c for g in expand(scenario) for c in g.cell_ids()]
         print(f"{name:14} {scenario.description}\n    {len(cells)} cells: {', '.join(cells[:4])}"
               + (", ..." if len(cells) > 4 else ""))
+        if scenario.builds:
+            expect = ", ".join(f"{b}: {v}" for b, v in scenario.expect.items()) or "no cell worse on the last"
+            print(f"    builds: {', '.join(scenario.builds)} (give each as --build NAME=PATH); expect {expect}")
     return 0
 
 

@@ -85,3 +85,40 @@ def test_bad_build_input_is_one_line_and_exit_2(tmp_path, args, message):
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("refit-harness: error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def gpu_only_scenario():
+    from harness.scenario import ModelRef, ScenarioSpec
+
+    return ScenarioSpec(name="builds-plumbing", description="GPU paths only: every cell SKIPPED on a CPU, no engine",
+                        models=(ModelRef(label="tiny", builder="tiny-qwen3"),), paths=("sleep_level1", "transfer_nccl"),
+                        builds=("base", "pr"), expect={"base": "SKIPPED", "pr": "PASS"})
+
+
+def test_scenario_with_builds_runs_each_build_and_checks_expectations(tmp_path, capsys):
+    """The plumbing of a multi-build scenario, without engines: on a CPU every GPU path is
+    SKIPPED, so base meets "SKIPPED" and pr misses "PASS" (exit 1), and the grid shows both."""
+    import json
+
+    from harness.cli import main
+    from harness.paths.base import cuda_available
+    from scenarios import SCENARIOS
+
+    if cuda_available():
+        pytest.skip("on a GPU these paths run engines")
+    if "builds-plumbing" not in SCENARIOS:
+        SCENARIOS.register("builds-plumbing", "tests.unit.test_builds:gpu_only_scenario")
+    assert main(["run", "-s", "builds-plumbing", "--out", str(tmp_path / "x")]) == 2
+    assert "compares builds base, pr" in capsys.readouterr().err
+    code = main(["run", "-s", "builds-plumbing", "--build", f"base={sys.executable}", "--build",
+                 f"pr={sys.executable}", "--executor", "local", "--out", str(tmp_path)])
+    assert code == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["builds"] == ["base", "base2", "pr"]
+    assert summary["cells"]["sleep_level1[tiny-eager-tp1]"]["builds"] == {"base": "SKIPPED", "base2": "SKIPPED",
+                                                                          "pr": "SKIPPED"}
+    cmp = json.loads((tmp_path / "compare" / "tiny-eager-tp1" / "comparison.json").read_text())
+    assert [e["met"] for e in cmp["expectations"]] == [True, False]
+    assert {b["label"] for b in cmp["builds"]} == {"base", "base2", "pr"}
+    page = (tmp_path / "index.html").read_text()
+    assert "<th>base2</th>" in page and "compare/tiny-eager-tp1/index.html" in page
