@@ -162,3 +162,15 @@ def test_a_refit_engine_slower_than_its_own_cold_b_is_flagged():
     assert not any(p.slower_than_cold for p in points(same.arms))
     rows = compare_builds(same, slow).throughput
     assert {r.point: r.slower_than_cold for r in rows}["p"] == "pr"
+
+
+def test_run_report_puts_deciding_rows_first_and_folds_noisy_ones(tmp_path):
+    from harness.report import write_reports
+
+    # "w" differs between the two cold engines (NOISY, not judged); "norm" stays stale (decides).
+    ev = evaluation(subj=STALE, noise_b={**B, "w": "jitter"})
+    html = write_reports(ev, tmp_path)["index.html"].read_text()
+    section = html[html.index("id='tensors'"):html.index("id='consumed'")]
+    folded = section.index("<details>")
+    assert section.index("<code>norm</code>") < folded < section.index("<code>w</code>")
+    assert "NOISY" in section[folded:] and "STALE" in section[:folded]
