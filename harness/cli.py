@@ -185,8 +185,14 @@ def _builds(args: argparse.Namespace):
         facts = describe(b)
         _progress(f"build {b.name}: vLLM {facts['vllm']} · torch {facts.get('torch', '?')} · {b.python}")
     for e in args.expect:
-        if parse_expectation(e).build not in names + [n + "2" for n in names] + ["base", "pr", "base2"]:
+        build = e.partition("=")[0].partition(":")[0].strip()
+        if build not in names + [n + "2" for n in names] + ["base", "pr", "base2"]:
             raise BuildError(f"--expect {e!r} names no --build")
+        try:  # the verdict and glob, before any engine starts
+            parse_expectation("base" + e.strip()[len(build):])
+        except ValueError:
+            raise BuildError(f"--expect takes NAME=VERDICT or NAME:PATH_GLOB=VERDICT (VERDICT: PASS, FAIL, ...); "
+                             f"got {e!r}") from None
     return tuple(specs)
 
 
@@ -260,8 +266,9 @@ def write_compare(base: Path, pr: Path, base2: Path | None, out: Path, expect: l
                          expectations=expectations, command=shlex.join(["refit-harness", *sys.argv[1:]]))
     files = write_comparison(cmp, out)
     for e in cmp.expectations:
+        got = ", ".join(f"{p} {v}" for p, v in e.actual) or ("no cell regressed" if e.implied else "no cell")
         _progress(f"expect {e.expectation.build} {e.expectation.verdict} on {e.expectation.cells}: "
-                  f"{'met' if e.met else 'NOT met'} ({', '.join(f'{p} {v}' for p, v in e.actual) or 'no cell'})")
+                  f"{'met' if e.met else 'NOT met'} ({got})")
     print(f"comparison: {files['index.html'].resolve()}")
     return cmp.exit_code
 

@@ -80,6 +80,8 @@ class ExpectationOutcome:
     """(path, verdict) of each cell it covered."""
     met: bool
     """Every covered cell had the expected verdict (and at least one was covered)."""
+    implied: bool = False
+    """No expectation was given: this is the implied "no cell regressed on pr"."""
 
 
 @dataclass(frozen=True)
@@ -274,9 +276,9 @@ def parse_expectation(text: str) -> Expectation:
     left, sep, verdict = text.partition("=")
     build, _, cells = left.partition(":")
     verdict = verdict.strip().upper()
-    if not sep or not build.strip() or verdict not in VERDICTS:
-        raise CompareError(f"--expect takes NAME=VERDICT or NAME:PATH_GLOB=VERDICT with VERDICT one of "
-                           f"{', '.join(VERDICTS)}; got {text!r}")
+    if not sep or build.strip() not in ("base", "pr", "base2") or verdict not in VERDICTS:
+        raise CompareError(f"--expect takes NAME=VERDICT or NAME:PATH_GLOB=VERDICT with NAME base, pr or base2 (or a "
+                           f"--build name) and VERDICT one of {', '.join(VERDICTS)}; got {text!r}")
     return Expectation(build=build.strip(), cells=cells.strip() or "*", verdict=verdict)
 
 
@@ -354,7 +356,7 @@ def check_expectations(rows: tuple[VerdictRow, ...], expectations: tuple[Expecta
     if not expectations:
         regressed = tuple((r.path, f"{r.base} -> {r.pr}") for r in shared if r.outcome == "regressed")
         implied = Expectation(build="pr", cells="*", verdict="no cell worse than on base")
-        return (ExpectationOutcome(implied, regressed, not regressed),)
+        return (ExpectationOutcome(implied, regressed, not regressed, implied=True),)
     out = []
     for e in expectations:
         covered = tuple((r.path, getattr(r, e.build, None) or "-") for r in shared if fnmatch.fnmatchcase(r.path, e.cells))

@@ -79,7 +79,7 @@ def render_markdown(cmp: BuildComparison) -> str:
     ok = all(e.met for e in cmp.expectations)
     lines += ["", f"**Expectations: {'met' if ok else 'NOT met'}**", ""]
     for e in cmp.expectations:
-        got = ", ".join(f"`{path}` {v}" for path, v in e.actual) or "no cell"
+        got = ", ".join(f"`{path}` {v}" for path, v in e.actual) or ("no cell regressed" if e.implied else "no cell")
         lines.append(f"- {'✅' if e.met else '❌'} {e.expectation.build}: {e.expectation.verdict} "
                      f"(cells `{e.expectation.cells}`) — {got}")
     lines += ["", "| cell | base | " + ("base2 | " if b2 else "") + "pr | outcome |",
@@ -91,7 +91,7 @@ def render_markdown(cmp: BuildComparison) -> str:
     lines += ["", f"Greedy tokens on cold B (pr vs base, floor: {cmp.tokens[0].floor_source if cmp.tokens else '-'}): "
               + (f"{len(diff_tokens)} of {len(cmp.tokens)} prompt(s) differ, first at token "
                  f"{min(t.first_divergence for t in diff_tokens if t.first_divergence is not None) if any(t.first_divergence is not None for t in diff_tokens) else '-'}"
-                 if diff_tokens else f"{NO_DIFFERENCE} over {len(cmp.tokens)} prompt(s)")]
+                 if diff_tokens else f"{_token_words(cmp.tokens)} over {len(cmp.tokens)} prompt(s)")]
     deciding = [c for c in cmp.status_changes if c.decides]
     if deciding:
         lines.append(f"Tensor status changes that decide a verdict ({len(deciding)}):")
@@ -109,6 +109,10 @@ def render_markdown(cmp: BuildComparison) -> str:
     for n in cmp.notes:
         lines.append(f"> {n}")
     return "\n".join(lines) + "\n"
+
+
+def _token_words(tokens) -> str:
+    return "identical" if all(t.outcome == "identical" for t in tokens) else NO_DIFFERENCE
 
 
 def _md_verdict(v: str | None) -> str:
@@ -272,7 +276,7 @@ A difference inside the base-vs-base2 spread is reported as “{{ nmd }}”.</p>
 <div id="expectations" class="banner {{ 'met' if met else 'unmet' }}">Expectations {{ 'met' if met else 'NOT met' }}
 <ul>{% for e in cmp.expectations %}<li class="{{ 'met' if e.met else 'unmet' }}">{{ e.expectation.build }}:
 {{ e.expectation.verdict }} on cells <code>{{ e.expectation.cells }}</code> —
-{% for path, v in e.actual %}<code>{{ path }}</code> {{ v }}{% if not loop.last %}, {% endif %}{% else %}no cell{% endfor %}
+{% for path, v in e.actual %}<code>{{ path }}</code> {{ v }}{% if not loop.last %}, {% endif %}{% else %}{{ 'no cell regressed' if e.implied else 'no cell' }}{% endfor %}
 </li>{% endfor %}</ul></div>
 {% if cmp.notes %}<ul class="notes">{% for n in cmp.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
 
