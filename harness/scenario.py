@@ -10,6 +10,7 @@ all paths of a group. Each (group, path) is one cell with a readable id, e.g.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -62,6 +63,12 @@ class ScenarioSpec:
     device: Literal["cpu", "gpu"] = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
+    builds: tuple[str, ...] = ()
+    """Names of the vLLM builds it compares, base first and pr last, each given at run time
+    as ``--build NAME=PATH``; empty: one run under the harness's own interpreter."""
+    expect: Mapping[str, str] = field(default_factory=dict)
+    """Expected verdict of every cell per build, e.g. ``{"base": "FAIL", "pr": "PASS"}``;
+    a build that misses it fails the run (exit 1)."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from harness.builds import BuildSpec
+
 Mode = Literal["eager", "compiled"]
 
 # Default prompts share a prefix longer than two KV blocks (vLLM's CPU backend uses
@@ -151,6 +153,18 @@ class KnownIssue:
 
 
 @dataclass(frozen=True)
+class ThroughputSpec:
+    """The optional generation-throughput probe (``--throughput``)."""
+
+    batch: int = 8
+    """Prompts generated at once (at most the engine's ``max_num_seqs``)."""
+    output_len: int = 32
+    """Greedy tokens per prompt."""
+    repetitions: int = 3
+    """Timed runs after one untimed warm-up; the report shows their median and spread."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One oracle run: checkpoints, paths and settings."""
 
@@ -175,3 +189,7 @@ class RunSpec:
     sabotage: bool = False
     """Also run each path's sabotaged twin (the one step the path exists for, skipped or
     broken) in the same engine. A twin that is not caught makes the path INCONCLUSIVE."""
+    build: BuildSpec | None = None
+    """The Python environment (vLLM build) every arm runs under; None: the harness's own."""
+    throughput: ThroughputSpec | None = None
+    """Measure generation throughput on cold B and after each subject's first refit; None: off."""

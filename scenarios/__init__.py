@@ -5,5 +5,6 @@ from harness.registry import Registry
 SCENARIOS: Registry = Registry("scenario")
 SCENARIOS.register("default", "scenarios.default:default")
 SCENARIOS.register("smoke", "scenarios.default:smoke")
+SCENARIOS.register("pr-review", "scenarios.default:pr_review")
 SCENARIOS.register("gpu-nightly", "scenarios.gpu_nightly:gpu_nightly")
 SCENARIOS.register("zoo", "scenarios.zoo:zoo")

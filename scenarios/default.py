@@ -15,3 +15,11 @@ def default() -> ScenarioSpec:
 def smoke() -> ScenarioSpec:
     return ScenarioSpec(name="smoke", description="reload_weights and the gloo transfer twin on the tiny Qwen3",
                         models=(TINY,), paths=("reload_weights", "transfer_gloo"))
+
+
+def pr_review() -> ScenarioSpec:
+    """Two builds of vLLM, e.g. main and a PR: ``run -s pr-review --build base=... --build pr=...``.
+    No expected verdicts, so the implied one holds: no cell worse on pr than on base."""
+    return ScenarioSpec(name="pr-review", description="base vs pr (vLLM builds) on the refit paths of the tiny Qwen3",
+                        models=(TINY,), paths=("reload_weights", "reload_weights_iterator", "transfer_gloo"),
+                        builds=("base", "pr"))

@@ -18,8 +18,8 @@ from pathlib import Path
 from harness import store
 from harness.engine.handles import Engine, build_engine
 from harness.plan import ArmPlan, sabotaged_twin
-from harness.records import (ArmResult, ConsumedTensor, HookRecord, ModelInfo, Observation, TensorRecord,
-                             UnobservedRecord)
+from harness.records import (ArmResult, ConsumedTensor, HookRecord, Measurement, ModelInfo, Observation,
+                             TensorRecord, UnobservedRecord)
 from harness.spec import PromptSpec
 
 
@@ -40,7 +40,8 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
         packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(first["packed_modules_mapping"].items())),
         world_size=len(per_rank),
     )
-    hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"]) for h in first["hooks"])
+    hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"], owner=h.get("owner", ""))
+                  for h in first["hooks"])
     unobserved = [UnobservedRecord(name=f"rank{r['rank']}:{u['name']}" if multi else u["name"], kind=u["kind"],
                                    reason=u["reason"]) for r in per_rank for u in r.get("unobserved", ())]
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
@@ -71,6 +72,22 @@ def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[Consumed
     return consumed, [why for r in per_rank for why in r.get("unreadable", ())]
 
 
+def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:
+    """Greedy generation of a batch of the fixed prompts: one untimed warm-up, then timed runs."""
+    spec = arm.throughput
+    assert spec is not None, "a measure step without a throughput spec"
+    batch = tuple(arm.prompts.token_ids[i % len(arm.prompts.token_ids)] for i in range(spec.batch))
+    prompts = PromptSpec(token_ids=batch, max_tokens=spec.output_len, logprobs=0)
+    engine.generate(prompts)
+    rates = []
+    for _ in range(spec.repetitions):
+        t0 = time.perf_counter()
+        outputs = engine.generate(prompts)
+        elapsed = time.perf_counter() - t0
+        rates.append(round(sum(len(o.token_ids) for o in outputs) / elapsed, 3))
+    return Measurement(label=label, batch=spec.batch, output_len=spec.output_len, tokens_per_s=tuple(rates))
+
+
 def environment() -> tuple[tuple[str, str], ...]:
     import torch
     import vllm
@@ -78,8 +95,20 @@ def environment() -> tuple[tuple[str, str], ...]:
     from harness.observe import DIGEST_ALGORITHM
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
-    return (("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),
-            ("python", platform.python_version()), ("digest", DIGEST_ALGORITHM))
+    facts = [("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),
+             ("python", platform.python_version()), ("digest", DIGEST_ALGORITHM), ("python_executable", sys.executable),
+             ("vllm_path", str(Path(vllm.__file__).parent)),
+             ("torch_git_sha", str(getattr(torch.version, "git_version", "") or ""))]
+    try:  # setuptools-scm/vcs-versioning record the commit of a source build (None for PyPI wheels)
+        from vllm import _version
+
+        facts.append(("vllm_git_sha", str(getattr(_version, "__commit_id__", None) or "")))
+    except ImportError:
+        facts.append(("vllm_git_sha", ""))
+    build = os.environ.get("REFIT_HARNESS_BUILD")
+    if build:
+        facts.append(("build", build))
+    return tuple(facts)
 
 
 def run(arm: ArmPlan, result_path: Path) -> ArmResult:
@@ -87,6 +116,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
 
     started = time.monotonic()
     observations: list[Observation] = []
+    measurements: list[Measurement] = []
     env: tuple[tuple[str, str], ...] = ()
     current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
     save_lock = threading.Lock()  # the watchdog thread saves too
@@ -96,7 +126,8 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         path, step = current[0] if status == "error" else (None, None)
         result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
-                           environment=env, failed_path=path, failed_step=step, cold_starts=cold_starts)
+                           environment=env, failed_path=path, failed_step=step, cold_starts=cold_starts,
+                           measurements=tuple(measurements))
         with save_lock:
             store.dump(result, result_path, "arm_result")
         return result
@@ -131,6 +162,9 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
                     watchdog = watch_engine_processes(lambda why: save("error", why))
+            elif step.action == "measure":
+                measurements.append(measure_throughput(engine, arm, step.argument))
+                save("error", f"arm stopped after measuring {step.argument!r}")
             else:
                 observations.append(observe(engine, arm, step.argument))
                 # Keep what was measured; if the arm dies later, this file says so.

@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from harness import store
+from harness import builds, store
 from harness.plan import ArmPlan
 from harness.records import ArmResult
 
@@ -48,10 +48,13 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     pid_file = plan_file.with_name(f"{arm.name}.pid")
     started = time.monotonic()
     env = dict(os.environ, PYTHONUNBUFFERED="1", REFIT_HARNESS_SCRATCH=str(scratch.resolve()), **(extra_env or {}))
+    # A named build: its interpreter, with the harness made importable there (see harness.builds).
+    env.update(builds.build_env(arm.build))
+    python = arm.build.python if arm.build and arm.build.python else sys.executable
     try:
         with open(log_file, "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],
+                [python, "-m", "harness.engine.arm_process", str(plan_file), str(result_file)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
             )
             timed_out = False
@@ -146,7 +149,8 @@ def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: f
                      observations=observations, seconds=seconds,
                      environment=recorded.environment if recorded else (),
                      failed_path=recorded.failed_path if recorded else None,
-                     failed_step=recorded.failed_step if recorded else None)
+                     failed_step=recorded.failed_step if recorded else None,
+                     measurements=recorded.measurements if recorded else ())
 
 
 # vLLM's own logger line for an exception raised in an engine process, e.g.

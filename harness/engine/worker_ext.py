@@ -77,7 +77,8 @@ class RefitObserver:
             "unobserved": [{"name": u.name, "kind": u.kind, "reason": u.reason} for u in unobserved],
             "architecture": type(model).__name__,
             "packed_modules_mapping": {k: list(v) for k, v in dict(packed).items()},
-            "hooks": [{"module": m, "kind": k, "calls": n} for (m, k), n in sorted(self._refit_harness_hook_calls.items())],
+            "hooks": [{"module": m, "kind": k, "calls": n, "owner": self._refit_harness_hook_owners.get((m, k), "")}
+                      for (m, k), n in sorted(self._refit_harness_hook_calls.items())],
         }
 
     # ---- kernel-input recorder -------------------------------------------------------
@@ -113,7 +114,9 @@ class RefitObserver:
         if hasattr(self, "_refit_harness_hook_calls"):
             return
         calls: dict[tuple[str, str], int] = {}
+        owners: dict[tuple[str, str], str] = {}  # the class whose hook it is: mounting points by class
         self._refit_harness_hook_calls = calls
+        self._refit_harness_hook_owners = owners
         names = {id(m): n for n, m in model.named_modules()}
 
         def counting(fn, key_of):
@@ -132,12 +135,14 @@ class RefitObserver:
                     method.process_weights_after_loading, lambda layer, *a: (names.get(id(layer), "?"), "quant_method"))
                 method._refit_harness_wrapped = True
                 calls.setdefault((name, "quant_method"), 0)
+                owners[(name, "quant_method")] = type(method).__name__
             own = getattr(type(module), "process_weights_after_loading", None)
             if own is not None and callable(own):
                 kind = "model" if module is model else "module"
                 module.process_weights_after_loading = counting(
                     module.process_weights_after_loading, lambda *a, _k=(name or "<model>", kind): _k)
                 calls.setdefault((name or "<model>", kind), 0)
+                owners[(name or "<model>", kind)] = type(module).__name__
 
     def _refit_harness_rank_dir(self, directory: str):
         from pathlib import Path

@@ -16,7 +16,7 @@ table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px so
 text-align:left;vertical-align:top}th{background:#eef0f5}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
 .PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA{background:#f9d6d5}
 .INCONCLUSIVE,.XPASS,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED,.XFAIL,.UNJUDGEABLE{background:#e6e6e6}.ERROR{background:#f2c1f2}
-.badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
+details{margin:.4rem 0}summary{cursor:pointer}.badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
 background:#fff5f5;margin:.5rem 0}.muted{color:#667}
 """
 
@@ -127,11 +127,22 @@ def _unobserved(summary: dict[str, Any]) -> str:
 
 
 def _non_ok(tensors: pd.DataFrame) -> str:
-    own = tensors[~tensors["path"].str.contains("~", regex=False)]  # sabotaged twins have their own section
-    bad = own[~own["status"].isin(["OK", "UNJUDGEABLE"]) & (own["check"] != "noise")]
-    rows = [[f"<code>{escape(r.path)}</code>", escape(r.check), f"<code>{escape(r.tensor)}</code>", escape(r.kind),
-             _badge(r.status), "yes" if r.address_moved else "no"] for r in bad.itertuples()]
-    body = _table(["path", "check", "tensor", "kind", "status", "address moved"], rows) if rows else "<p>All tensors OK.</p>"
+    """Rows that decide a verdict first; not-judged (NOISY, UNJUDGEABLE) and reported-only
+    (REBOUND) rows folded away. Sabotaged twins have their own section."""
+    own = tensors[~tensors["path"].str.contains("~", regex=False)]
+    bad = own[(own["status"] != "OK") & (own["check"] != "noise")]
+    deciding = bad["status"].isin(["STALE", "CORRUPT", "MISSING", "EXTRA"])
+
+    def rows(frame: pd.DataFrame) -> list[list[str]]:
+        return [[f"<code>{escape(r.path)}</code>", escape(r.check), f"<code>{escape(r.tensor)}</code>", escape(r.kind),
+                 _badge(r.status), "yes" if r.address_moved else "no"] for r in frame.itertuples()]
+
+    headers = ["path", "check", "tensor", "kind", "status", "address moved"]
+    body = _table(headers, rows(bad[deciding])) if deciding.any() else "<p>No tensor decides a verdict: all OK.</p>"
+    rest = bad[~deciding]
+    if len(rest):
+        body += (f"<details><summary>{len(rest)} tensor(s) not judged or only reported "
+                 f"({', '.join(sorted(set(rest['status'])))})</summary>{_table(headers, rows(rest))}</details>")
     refit = own[own["check"] == "refit"]
     unjudgeable = int((refit["status"] == "UNJUDGEABLE").sum())
     return (f"<section id='tensors'><h2>Non-OK tensors</h2><p class='muted'>{len(refit)} tensor(s) compared after "

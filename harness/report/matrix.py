@@ -1,76 +1,122 @@
 """The report of a scenario: a group x path grid of verdicts (e.g. architecture x path for
-the zoo), then one row per cell, linking each cell group's own report."""
+the zoo), then one row per cell (x builds), linking each cell group's own report and, with
+several builds, each group's comparison."""
 
 from __future__ import annotations
 
 import json
-from html import escape
 from pathlib import Path
 
+from jinja2 import Environment, select_autoescape
+from markupsafe import Markup
+
 from harness.pipeline import Evaluation
+from harness.report.compare_page import CSS
 from harness.report.summary import md_text
 from harness.scenario import CellGroup
 from harness.store import SCHEMA_VERSION, write_atomic
 
-
-def matrix_summary(scenario: str, results: list[tuple[CellGroup, Evaluation]]) -> dict:
-    cells = {}
-    for group, ev in results:
-        for v in ev.verdicts:
-            cells[f"{v.path}[{group.id}]"] = {"verdict": v.status.value, "group": group.id, "path": v.path,
-                                             "reasons": list(v.reasons[:3])}
-    codes = [ev.exit_code for _, ev in results]
-    exit_code = 2 if 2 in codes else max(codes, default=0)
-    grid = {g.id: {v.path: v.status.value for v in ev.verdicts} for g, ev in results}
-    return {"schema_version": SCHEMA_VERSION, "scenario": scenario, "exit_code": exit_code, "cells": cells,
-            "groups": {g.id: f"{g.id}/index.html" for g, _ in results}, "grid": grid,
-            "control_tensors": {g.id: ev.record.checkpoints.control_tensor for g, ev in results if ev.record}}
+Results = list[tuple[CellGroup, Evaluation]]
 
 
-def _grid(summary: dict) -> tuple[str, list[str]]:
-    """(HTML table, Markdown lines) of the group x path grid."""
-    grid = summary.get("grid") or {}
-    paths = list(dict.fromkeys(p for row in grid.values() for p in row))
-    head = "".join(f"<th><code>{escape(p)}</code></th>" for p in paths)
-    rows = "".join(
-        f"<tr><th>{_link(summary['groups'][g], g)}</th>"
-        + "".join(f"<td class='{escape(row.get(p, ''))}'>{escape(row.get(p, ''))}</td>" for p in paths) + "</tr>"
-        for g, row in grid.items())
-    md = ["| cell group | " + " | ".join(md_text(p) for p in paths) + " |", "|---" * (len(paths) + 1) + "|"]
-    md += [f"| {md_text(g)} | " + " | ".join(row.get(p, "") for p in paths) + " |" for g, row in grid.items()]
-    return f"<table id='grid'><tr><th></th>{head}</tr>{rows}</table>", md
+def matrix_summary(scenario: str, results: Results | dict[str, Results],
+                   comparisons: dict[str, tuple[str, int]] | None = None) -> dict:
+    """``results``: one list of (group, evaluation), or one per build name (run order);
+    ``comparisons``: group id -> (link to its comparison page, its exit code)."""
+    per_build = results if isinstance(results, dict) else {"": results}
+    builds = [b for b in per_build if b]
+    cells: dict[str, dict] = {}
+    groups: dict[str, str] = {}
+    grid: dict[str, dict[str, str]] = {}
+    control_tensors: dict[str, str] = {}
+    codes = []
+    for build, runs in per_build.items():
+        for group, ev in runs:
+            groups.setdefault(group.id, f"{build}/{group.id}/index.html" if build else f"{group.id}/index.html")
+            codes.append(ev.exit_code)
+            if ev.record:
+                control_tensors[group.id] = ev.record.checkpoints.control_tensor
+            for v in ev.verdicts:
+                cell = cells.setdefault(f"{v.path}[{group.id}]", {"group": group.id, "path": v.path, "builds": {},
+                                                                  "links": {}})
+                cell["builds"][build] = v.status.value
+                cell["links"][build] = f"{build}/{group.id}/index.html" if build else f"{group.id}/index.html"
+                # one build: its verdict; several: the build under review (the last one) decides
+                cell["verdict"] = v.status.value
+                cell["reasons"] = list(v.reasons[:3])
+                grid.setdefault(group.id, {})[v.path] = v.status.value
+    if comparisons:
+        # With builds, expectations decide; an engine that could not run (2) still wins.
+        exit_code = 2 if 2 in codes else max((code for _, code in comparisons.values()), default=0)
+    else:
+        exit_code = 2 if 2 in codes else max(codes, default=0)
+    return {"schema_version": SCHEMA_VERSION, "scenario": scenario, "exit_code": exit_code, "builds": builds,
+            "cells": cells, "groups": groups, "grid": grid, "control_tensors": control_tensors,
+            "comparisons": {g: {"link": link, "expectations_met": code == 0}
+                            for g, (link, code) in (comparisons or {}).items()}}
+
+
+def safe_href(href: str) -> str | None:
+    """A link to a report inside the run directory, percent-encoded; None for anything else.
+    Group ids come from model labels, so ``javascript:...`` or ``https://...`` is possible:
+    such a link is shown as text."""
+    from urllib.parse import quote, urlsplit
+
+    parts = urlsplit(href)
+    if parts.scheme or parts.netloc or href.startswith(("/", "\\")) or ".." in href.split("/"):
+        return None
+    return quote(href, safe="/")
+
+
+_ENV = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+_ENV.filters["safe_href"] = safe_href
+TEMPLATE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>refit-harness: {{ s.scenario }}</title><style>{{ css }}</style></head><body>
+{% macro link(href, text) %}{% set h = href|safe_href %}{% if h %}<a href="{{ h }}">{{ text }}</a>{% else %}{{ text }}{% endif %}{% endmacro %}
+<h1>Scenario <code>{{ s.scenario }}</code></h1>
+<p class="muted">{{ s.cells|length }} cell(s){% if s.builds %} on builds {{ s.builds|join(', ') }}{% endif %};
+exit code {{ s.exit_code }}.</p>
+{% if s.comparisons %}<ul>{% for g, c in s.comparisons.items() %}<li>comparison {{ link(c.link, g) }}:
+<span class="{{ 'met' if c.expectations_met else 'unmet' }}">expectations {{ 'met' if c.expectations_met else 'NOT met' }}
+</span></li>{% endfor %}</ul>{% endif %}
+{% if s.grid %}<h2>Grid</h2><table id="grid" class="grid"><thead><tr><th></th>
+{% for p in paths %}<th><code>{{ p }}</code></th>{% endfor %}</tr></thead><tbody>
+{% for g, row in s.grid.items() %}<tr><th>{{ link(s.groups[g], g) }}</th>
+{% for p in paths %}<td class="v {{ row.get(p, '') }}">{{ row.get(p, '—') }}</td>{% endfor %}</tr>{% endfor %}
+</tbody></table>{% endif %}
+<h2>Cells</h2><table id="cells" class="grid"><thead><tr><th>cell</th>
+{% for b in columns %}<th>{{ b or 'verdict' }}</th>{% endfor %}<th>reasons</th></tr></thead><tbody>
+{% for cell, c in s.cells.items() %}<tr><td><code>{{ cell }}</code></td>
+{% for b in columns %}{% set v = c.builds.get(b) %}<td class="v {{ v or '' }}">{% if v %}{{ link(c.links[b], v) }}
+{% else %}—{% endif %}</td>{% endfor %}
+<td>{% for r in c.reasons %}<div>{{ r }}</div>{% endfor %}</td></tr>{% endfor %}</tbody></table>
+</body></html>
+"""
 
 
 def write_matrix(out: Path, summary: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "summary.json", json.dumps(summary, indent=2))
-    rows = "".join(
-        f"<tr><td><code>{escape(cell)}</code></td><td class='{escape(c['verdict'])}'>{escape(c['verdict'])}</td>"
-        f"<td>{_link(summary['groups'][c['group']], c['group'])}</td>"
-        f"<td>{'<br>'.join(escape(r) for r in c['reasons'])}</td></tr>"
-        for cell, c in summary["cells"].items())
-    css = ("body{font:14px system-ui,sans-serif;margin:2rem}td,th{border:1px solid #ccd;padding:.25rem .5rem}"
-           "table{border-collapse:collapse}.PASS{background:#d9f2dd}.FAIL,.ERROR{background:#f9d6d5}"
-           ".INCONCLUSIVE,.XPASS{background:#fbefc8}.SKIPPED,.XFAIL{background:#e6e6e6}")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>refit-harness: {escape(summary['scenario'])}"
-            f"</title><style>{css}</style></head><body><h1>Scenario <code>{escape(summary['scenario'])}</code></h1>"
-            f"{_grid(summary)[0]}<h2>Cells</h2><table id='cells'><tr><th>cell</th><th>verdict</th><th>report</th><th>reasons</th></tr>{rows}</table>"
-            "</body></html>")
+    columns = summary.get("builds") or [""]
+    paths = list(dict.fromkeys(p for row in summary.get("grid", {}).values() for p in row))
+    page = _ENV.from_string(TEMPLATE).render(s=summary, columns=columns, paths=paths, css=Markup(CSS))
     write_atomic(out / "index.html", page)
-    lines = [f"## refit-harness scenario {md_text(summary['scenario'])}", "", *_grid(summary)[1], "",
-             "| cell | verdict |", "|---|---|"]
-    lines += [f"| {md_text(cell)} | {c['verdict']} |" for cell, c in summary["cells"].items()]
-    write_atomic(out / "summary.md", "\n".join(lines) + "\n")
+    write_atomic(out / "summary.md", _markdown(summary, columns, paths))
     return out / "index.html"
 
 
-def _link(href: str, text: str) -> str:
-    """A link to a cell group's own report: a relative path inside the run directory only.
-    Group ids come from model labels, so ``javascript:...`` or ``https://...`` is possible;
-    those are shown as text. The path is percent-encoded segment by segment."""
-    from urllib.parse import quote, urlsplit
-
-    parts = urlsplit(href)
-    if parts.scheme or parts.netloc or href.startswith(("/", "\\")) or ".." in href.split("/"):
-        return escape(text)
-    return f"<a href='{escape(quote(href, safe='/'))}'>{escape(text)}</a>"
+def _markdown(summary: dict, columns: list[str], paths: list[str]) -> str:
+    lines = [f"## refit-harness scenario {md_text(summary['scenario'])}", ""]
+    if summary.get("grid"):
+        lines += ["| cell group | " + " | ".join(md_text(p) for p in paths) + " |", "|---" * (len(paths) + 1) + "|"]
+        lines += [f"| {md_text(g)} | " + " | ".join(row.get(p, "—") for p in paths) + " |"
+                  for g, row in summary["grid"].items()]
+        lines.append("")
+    head = " | ".join(md_text(c) for c in columns) if summary.get("builds") else "verdict"
+    lines += [f"| cell | {head} |", "|---|" + "---|" * len(columns)]
+    lines += [f"| {md_text(cell)} | " + " | ".join(c["builds"].get(b, "—") for b in columns) + " |"
+              for cell, c in summary["cells"].items()]
+    for g, c in summary.get("comparisons", {}).items():
+        lines.append(f"\nComparison {md_text(g)}: expectations {'met' if c['expectations_met'] else '**NOT met**'} "
+                     f"({md_text(c['link'])})")
+    return "\n".join(lines) + "\n"

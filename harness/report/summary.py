@@ -43,6 +43,10 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
                     for d in noise.tokens if d.check == "noise"} if noise else {}
     env = dict(next((a.environment for a in ev.arms if a.environment), ()))
     reused = set(ev.record.plan.reused)
+    from harness.throughput import points
+
+    throughput = {p.point: {"median_tokens_per_s": p.median, "spread": p.spread, "samples": list(p.samples),
+                            "slower_than_cold_B": p.slower_than_cold} for p in points(ev.arms)}
     return {
         "schema_version": SCHEMA_VERSION,
         "exit_code": ev.exit_code,
@@ -50,6 +54,7 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         "noise_floor": {"differing_tensors": noise_tensors, "tokens": noise_tokens},
         "cold_starts": sum(a.cold_starts for a in ev.arms if a.arm not in reused),
         "reference": {"key": ev.record.reference_key, "reused": bool(reused)},
+        "throughput": throughput,
         "arms": [{"arm": a.arm, "role": a.role, "paths": list(a.paths), "status": a.status, "error": a.error,
                   "seconds": a.seconds, "observations": [o.label for o in a.observations],
                   "cold_starts": a.cold_starts, "reused": a.arm in reused} for a in ev.arms],
@@ -104,6 +109,10 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         first = summary["unobserved"]["items"][0]
         lines += ["", f"Unobserved (not judged): {summary['unobserved']['count']} tensor(s)/kernel(s), e.g. "
                   f"{md_code(first['name'])}: {md_text(first['reason'])}."]
+    for point, t in summary.get("throughput", {}).items():
+        flag = " — **slower than cold B** beyond its floor" if t["slower_than_cold_B"] else ""
+        lines.append(f"Throughput {md_code(point)}: {t['median_tokens_per_s']:.1f} tokens/s "
+                     f"(spread {t['spread']:.1f}){flag}")
     nf = summary["noise_floor"]
     lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
               f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]

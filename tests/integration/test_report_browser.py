@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,40 @@ def test_failing_report_renders_its_verdict_and_first_divergent_kernel_input(run
     shot = tmp_path / "report.png"
     chromium("--window-size=1280,1600", f"--screenshot={shot}", page)
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make browser)")
+def test_comparison_page_renders_its_grid_and_plots(fixed_twin_runs, tmp_path):
+    import json
+    import sys
+
+    base, pr = fixed_twin_runs
+    out = tmp_path / "compare"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "compare", str(base.out), str(pr.out),
+                           "--expect", "base=FAIL", "--expect", "pr=PASS", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    page = (out / "index.html").resolve().as_uri()
+    dom = chromium("--dump-dom", page).stdout
+    grid = dom[dom.index('id="grid"'):dom.index('id="deciding"')]
+    row = grid[grid.index('data-cell="reload_weights"'):]
+    row = row[:row.index("</tr>")]
+    assert row.index(">FAIL<") < row.index(">PASS<")  # base column, then pr
+    deciding = dom[dom.index('id="deciding"'):dom.index('id="tokens"')]
+    assert "q_norm.weight_fp32" in deciding and "STALE" in deciding
+    for plot in ("plot-layers", "plot-divergence", "plot-timings"):
+        svg = dom[dom.index(f'id="{plot}"'):]
+        svg = svg[:svg.index("</svg>")]
+        assert "<rect" in svg or "<circle" in svg or "<text" in svg, plot
+    timings = dom[dom.index('id="plot-timings"'):]
+    rows = json.loads((out / "comparison.json").read_text())["timings"]
+    marks = sum(r[k] is not None for r in rows for k in ("base_seconds", "pr_seconds", "base2_seconds"))
+    assert timings[:timings.index("</svg>")].count("<circle") == marks > len(rows)  # one mark per build and arm
+    shot = tmp_path / "comparison.png"
+    chromium("--window-size=1280,2000", f"--screenshot={shot}", page)
+    assert shot.stat().st_size > 20_000
+    keep = os.environ.get("REFIT_HARNESS_SCREENSHOTS")
+    if keep:  # CI keeps the picture beside its other artifacts
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / "comparison.png")

@@ -102,3 +102,21 @@ def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):
     assert fanout.cpu_thread_env(1, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"}
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")  # the user's own choice wins
     assert fanout.cpu_thread_env(2, 2) == {}
+
+
+def test_throughput_probe_steps_come_after_cold_b_and_after_the_first_refit_to_b():
+    from harness.checkpoints import CheckpointSet
+    from harness.paths.base import EngineRequirements
+    from harness.plan import PathNeeds, Step, make_plan
+    from harness.spec import RunSpec, ThroughputSpec
+
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="t")
+    needs = {p: PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A")) for p in ("x", "y")}
+    plain = make_plan(RunSpec(model="/a", paths=("x", "y")), cs, needs, {})
+    assert not any(s.action == "measure" for a in plain.arms for s in a.steps)
+    plan = make_plan(RunSpec(model="/a", paths=("x", "y"), throughput=ThroughputSpec()), cs, needs, {})
+    ref, noise, subject = plan.arms
+    assert ref.steps[-1] == Step("measure", "cold_B/throughput") and noise.steps == ref.steps
+    at = subject.steps.index(Step("measure", "x/throughput"))
+    assert subject.steps[at - 1] == Step("observe", "x/warm_B")
+    assert sum(s.action == "measure" for s in subject.steps) == 1

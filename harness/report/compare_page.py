@@ -1,0 +1,400 @@
+"""The comparison report of two builds: index.html (self-contained, Jinja2 with autoescape),
+summary.md (a PR comment), comparison.json and tidy CSVs. From a ``BuildComparison`` only."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from jinja2 import Environment, select_autoescape
+from markupsafe import Markup, escape
+
+from harness.crossbuild import NO_DIFFERENCE, BuildComparison
+from harness.store import SCHEMA_VERSION, to_jsonable
+
+ICON = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭️", "ERROR": "💥", "XFAIL": "🔕", "XPASS": "❗"}
+
+
+def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    tables = {"verdicts.csv": cmp.verdicts, "tokens.csv": cmp.tokens, "tensor_changes.csv": cmp.status_changes,
+              "values.csv": cmp.values, "hooks.csv": cmp.hooks, "timings.csv": cmp.timings,
+              "throughput.csv": cmp.throughput,
+              "builds.csv": cmp.builds}
+    for name, rows in tables.items():
+        files[name] = _csv(out / name, rows)
+    files["expectations.csv"] = out / "expectations.csv"
+    with open(files["expectations.csv"], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["schema_version", "build", "cells", "expected", "path", "actual", "met"])
+        for e in cmp.expectations:
+            for path, actual in e.actual or (("", ""),):
+                w.writerow([SCHEMA_VERSION, e.expectation.build, e.expectation.cells, e.expectation.verdict, path,
+                            actual, e.met])
+    files["comparison.json"] = out / "comparison.json"
+    files["comparison.json"].write_text(json.dumps({"schema_version": SCHEMA_VERSION, "exit_code": cmp.exit_code,
+                                                    **to_jsonable(cmp)}, indent=1))
+    files["summary.md"] = out / "summary.md"
+    files["summary.md"].write_text(render_markdown(cmp))
+    files["index.html"] = out / "index.html"
+    files["index.html"].write_text(render_html(cmp))
+    return files
+
+
+def _csv(path: Path, rows) -> Path:
+    rows = list(rows)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        if not rows:
+            f.write("schema_version\n")
+            return path
+        names = [x.name for x in fields(rows[0])]
+        w.writerow(["schema_version", *names])
+        for r in rows:
+            d = asdict(r)
+            w.writerow([SCHEMA_VERSION, *(_cell(d[n]) for n in names)])
+    return path
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (tuple, list)):
+        return " ".join(map(str, v))
+    return str(v)
+
+
+# --- summary.md ----------------------------------------------------------------------------
+
+def render_markdown(cmp: BuildComparison) -> str:
+    b, p, b2 = cmp.build("base"), cmp.build("pr"), cmp.build("base2")
+    lines = ["## refit-harness: two builds side by side", ""]
+    for f in (b, b2, p):
+        if f:
+            sha = f" `{f.vllm_git_sha[:12]}`" if f.vllm_git_sha else ""
+            lines.append(f"- **{f.label}** (`{f.build}`): vLLM `{f.vllm}`{sha} · torch `{f.torch}` · {f.device}")
+    ok = all(e.met for e in cmp.expectations)
+    lines += ["", f"**Expectations: {'met' if ok else 'NOT met'}**", ""]
+    for e in cmp.expectations:
+        got = ", ".join(f"`{path}` {v}" for path, v in e.actual) or ("no cell regressed" if e.implied else "no cell")
+        lines.append(f"- {'✅' if e.met else '❌'} {e.expectation.build}: {e.expectation.verdict} "
+                     f"(cells `{e.expectation.cells}`) — {got}")
+    lines += ["", "| cell | base | " + ("base2 | " if b2 else "") + "pr | outcome |",
+              "|---|---|" + ("---|" if b2 else "") + "---|---|"]
+    for r in cmp.verdicts:
+        cells = [_md_verdict(r.base)] + ([_md_verdict(r.base2)] if b2 else []) + [_md_verdict(r.pr)]
+        lines.append(f"| `{r.path}` | " + " | ".join(cells) + f" | {r.outcome} |")
+    diff_tokens = [t for t in cmp.tokens if t.outcome == "differs"]
+    lines += ["", f"Greedy tokens on cold B (pr vs base, floor: {cmp.tokens[0].floor_source if cmp.tokens else '-'}): "
+              + (f"{len(diff_tokens)} of {len(cmp.tokens)} prompt(s) differ, first at token "
+                 f"{min(t.first_divergence for t in diff_tokens if t.first_divergence is not None) if any(t.first_divergence is not None for t in diff_tokens) else '-'}"
+                 if diff_tokens else f"{_token_words(cmp.tokens)} over {len(cmp.tokens)} prompt(s)")]
+    deciding = [c for c in cmp.status_changes if c.decides]
+    if deciding:
+        lines.append(f"Tensor status changes that decide a verdict ({len(deciding)}):")
+        for c in deciding[:8]:
+            lines.append(f"- `{c.path}` {c.check}: `{c.tensor}` {c.base} → {c.pr}")
+    values = [v for v in cmp.values if v.outcome != NO_DIFFERENCE]
+    lines.append(f"Cold-B tensor values that differ between builds beyond the floor: {len(values)}"
+                 + (f" (first: `{values[0].tensor}`, {values[0].outcome})" if values else ""))
+    for t in cmp.throughput:
+        lines.append(f"Throughput `{t.point}`: base {t.base_median or 0:.1f}, pr {t.pr_median or 0:.1f} tokens/s — "
+                     f"{t.outcome}" + (f"; refit slower than cold B on {t.slower_than_cold}" if t.slower_than_cold else ""))
+    hooks = [h for h in cmp.hooks if h.outcome == "changed"]
+    lines.append(f"Post-load hook classes that changed: {len(hooks)}"
+                 + (" — " + ", ".join(f"`{h.owner}` ({h.kind}) {h.base}→{h.pr}" for h in hooks[:5]) if hooks else ""))
+    for n in cmp.notes:
+        lines.append(f"> {n}")
+    return "\n".join(lines) + "\n"
+
+
+def _token_words(tokens) -> str:
+    return "identical" if all(t.outcome == "identical" for t in tokens) else NO_DIFFERENCE
+
+
+def _md_verdict(v: str | None) -> str:
+    return "—" if v is None else f"{ICON.get(v, '')} {v}"
+
+
+# --- SVG plots -----------------------------------------------------------------------------
+
+def svg_layer_bars(rows: tuple[tuple[str, float, float | None], ...]) -> Markup:
+    """Largest relative change of a tensor's |max| per layer, pr vs base (and base2 vs base)."""
+    if not rows:
+        return Markup("<p class='muted'>No cold-B census in both runs.</p>")
+    w, h, left, bottom = 640, 200, 50, 40
+    top = max([r[1] for r in rows] + [r[2] or 0.0 for r in rows] + [1e-12])
+    flat = all(r[1] == 0 and not r[2] for r in rows)
+    slot = (w - left - 10) / len(rows)
+    parts = [f"<svg id=\"plot-layers\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>",
+             f"<line x1='{left}' y1='{h - bottom}' x2='{w - 5}' y2='{h - bottom}' stroke='#888'/>",
+             f"<text x='4' y='14' font-size='10'>{top:.3g}</text><text x='4' y='{h - bottom}' font-size='10'>0</text>"]
+    for i, (layer, main, floor) in enumerate(rows):
+        x = left + i * slot
+        for j, (value, cls) in enumerate(((main, "bar-pr"), (floor, "bar-floor"))):
+            if value is None:
+                continue
+            bh = (h - bottom - 20) * value / top
+            parts.append(f"<rect class='{cls}' x='{x + 4 + j * slot / 2.5:.1f}' y='{h - bottom - bh:.1f}' "
+                         f"width='{max(slot / 2.5 - 4, 2):.1f}' height='{bh:.1f}'><title>{escape(layer)}: "
+                         f"{value:.3g}</title></rect>")
+        parts.append(f"<text x='{x + slot / 2:.1f}' y='{h - bottom + 14}' font-size='10' text-anchor='middle'>"
+                     f"{escape(layer)}</text>")
+    if flat:
+        parts.append(f"<text x='{w / 2:.0f}' y='{h / 2 - 10:.0f}' font-size='12' text-anchor='middle'>no tensor value "
+                     "differs in any layer (every bar is 0)</text>")
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'><tspan class='lg-pr'>■</tspan> pr vs base  "
+                 "<tspan class='lg-floor'>■</tspan> base2 vs base (floor)</text></svg>")
+    return Markup("".join(parts))
+
+
+def svg_divergence(tokens) -> Markup:
+    """First divergent token per prompt, pr vs base, with the floor's position."""
+    if not tokens:
+        return Markup("<p class='muted'>No cold-B outputs in both runs.</p>")
+    horizon = max(max(len(t.base_tokens), len(t.pr_tokens)) for t in tokens) or 1
+    w, row, left = 640, 22, 70
+    h = row * len(tokens) + 40
+    scale = (w - left - 20) / horizon
+    parts = [f"<svg id=\"plot-divergence\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
+    for i, t in enumerate(tokens):
+        y = 16 + i * row
+        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>prompt {t.prompt}</text>"
+                     f"<line x1='{left}' y1='{y}' x2='{left + horizon * scale:.1f}' y2='{y}' stroke='#ccd'/>")
+        if t.floor_first_divergence is not None:
+            x = left + t.floor_first_divergence * scale
+            parts.append(f"<rect class='mark-floor' x='{x - 3:.1f}' y='{y - 7}' width='6' height='14'>"
+                         f"<title>floor diverges at {t.floor_first_divergence}</title></rect>")
+        if t.first_divergence is None:
+            parts.append(f"<text x='{left + horizon * scale + 4:.1f}' y='{y + 4}' font-size='10'>✓</text>")
+        else:
+            x = left + t.first_divergence * scale
+            parts.append(f"<circle class='mark-pr' cx='{x:.1f}' cy='{y}' r='5'><title>pr diverges from base at "
+                         f"token {t.first_divergence}</title></circle>")
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>token position 0..{horizon} · "
+                 "<tspan class='lg-pr'>●</tspan> pr vs base · <tspan class='lg-floor'>■</tspan> floor · ✓ identical"
+                 "</text></svg>")
+    return Markup("".join(parts))
+
+
+def svg_timings(rows) -> Markup:
+    """Arm wall time per build, the base..base2 band shaded."""
+    rows = [r for r in rows if r.base_seconds is not None or r.pr_seconds is not None]
+    if not rows:
+        return Markup("<p class='muted'>No timings.</p>")
+    w, row, left = 640, 26, 190
+    h = row * len(rows) + 36
+    top = max(max(x for x in (r.base_seconds, r.pr_seconds, r.base2_seconds) if x is not None) for r in rows) * 1.1
+    scale = (w - left - 20) / top
+    parts = [f"<svg id=\"plot-timings\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
+    for i, r in enumerate(rows):
+        y = 16 + i * row
+        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>{escape(r.arm[:28])}</text>")
+        if r.base_seconds is not None and r.base2_seconds is not None:
+            lo, hi = sorted((r.base_seconds, r.base2_seconds))
+            parts.append(f"<rect class='band' x='{left + lo * scale:.1f}' y='{y - 8}' "
+                         f"width='{max((hi - lo) * scale, 1):.1f}' height='16'><title>base..base2: {lo:.1f}-{hi:.1f} s"
+                         f"</title></rect>")
+        for value, cls in ((r.base_seconds, "mark-base"), (r.base2_seconds, "mark-floor"), (r.pr_seconds, "mark-pr")):
+            if value is not None:
+                parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
+                             f"<title>{value:.1f} s</title></circle>")
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>seconds (0..{top:.0f}) · base ● base2 ● pr ● · "
+                 "band: base..base2</text></svg>")
+    return Markup("".join(parts))
+
+
+def svg_throughput(rows) -> Markup:
+    """tokens/s per point: the base..base2 band shaded, each build's median marked."""
+    rows = [r for r in rows if r.base_median is not None or r.pr_median is not None]
+    if not rows:
+        return Markup("")
+    w, row, left = 640, 26, 150
+    h = row * len(rows) + 36
+    top = max(x for r in rows for x in (r.band_high, r.pr_median, r.base_median) if x is not None) * 1.1
+    scale = (w - left - 20) / top
+    parts = [f"<svg id=\"plot-throughput\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
+    for i, r in enumerate(rows):
+        y = 16 + i * row
+        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>{escape(r.point[:22])}</text>")
+        if r.band_low is not None:
+            parts.append(f"<rect class='band' x='{left + r.band_low * scale:.1f}' y='{y - 8}' "
+                         f"width='{max((r.band_high - r.band_low) * scale, 1):.1f}' height='16'><title>base/base2 "
+                         f"samples: {r.band_low:.1f}-{r.band_high:.1f} tokens/s</title></rect>")
+        for value, cls in ((r.base_median, "mark-base"), (r.base2_median, "mark-floor"), (r.pr_median, "mark-pr")):
+            if value is not None:
+                parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
+                             f"<title>{value:.1f} tokens/s</title></circle>")
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>tokens/s (0..{top:.0f}) · base ● base2 ● pr ● · band: "
+                 "base and base2 samples</text></svg>")
+    return Markup("".join(parts))
+
+
+# --- index.html ----------------------------------------------------------------------------
+
+_ENV = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem auto;max-width:1200px;color:#1d2330;padding:0 1rem}
+h1{font-size:1.45rem}h2{font-size:1.12rem;margin-top:1.8rem;border-bottom:1px solid #ccd;padding-bottom:.2rem}
+table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px solid #ccd;padding:.25rem .5rem;
+text-align:left;vertical-align:top}th{background:#eef0f5}th.sort{cursor:pointer;user-select:none}
+th.sort:after{content:' ⇅';color:#99a}code,.mono{font-family:ui-monospace,monospace;font-size:12px;overflow-wrap:break-word}
+.PASS,.OK,.same,.identical,.met{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA,.regressed,.differs,.unmet
+{background:#f9d6d5}.INCONCLUSIVE,.XPASS,.NOISY,.REBOUND,.unstable,.changed{background:#fbefc8}
+.SKIPPED,.XFAIL,.nmd{background:#e6e6e6}.ERROR{background:#f2c1f2}.muted{color:#667}
+.grid td.v{text-align:center;font-weight:700;min-width:7rem}.grid td:first-child{white-space:nowrap}.grid th{text-align:center}
+.banner{padding:.6rem 1rem;border-radius:4px;font-weight:700;margin:.8rem 0}.banner.met{border-left:6px solid #2e7d32}
+.banner.unmet{border-left:6px solid #c0392b}details{margin:.4rem 0}summary{cursor:pointer;color:#334}
+.plot{display:block;margin:.4rem 0;max-width:100%;height:auto;background:#fafbfd;border:1px solid #e2e4ea}.bar-pr,.mark-pr{fill:#c0392b}
+.bar-floor,.mark-floor{fill:#7f8c9a}.mark-base{fill:#2c6fbb}.band{fill:#cfd8e3}.lg-pr{fill:#c0392b}
+.lg-floor{fill:#7f8c9a}input.filter{display:block;margin:.3rem 0;padding:.2rem .4rem;width:22rem}.notes li{color:#7a4b00}
+"""
+
+JS = """
+document.querySelectorAll('table.sortable').forEach(function(t){
+  t.querySelectorAll('th').forEach(function(th,i){th.classList.add('sort');th.addEventListener('click',function(){
+    var body=t.tBodies[0],rows=Array.from(body.rows),asc=th.dataset.dir!=='asc';th.dataset.dir=asc?'asc':'desc';
+    rows.sort(function(a,b){var x=a.cells[i].textContent.trim(),y=b.cells[i].textContent.trim();
+      var nx=parseFloat(x),ny=parseFloat(y);var c=(!isNaN(nx)&&!isNaN(ny))?nx-ny:x.localeCompare(y);return asc?c:-c;});
+    rows.forEach(function(r){body.appendChild(r);});});});});
+document.querySelectorAll('input.filter').forEach(function(inp){inp.addEventListener('input',function(){
+  var q=inp.value.toLowerCase(),t=document.getElementById(inp.dataset.table);
+  Array.from(t.tBodies[0].rows).forEach(function(r){r.style.display=r.textContent.toLowerCase().indexOf(q)<0?'none':'';});
+});});
+"""
+
+TEMPLATE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>refit-harness: {{ base.build }} vs {{ pr.build }}</title><style>{{ css }}</style></head><body>
+<h1>refit-harness: two builds side by side</h1>
+<p class="muted">base <code>{{ base.build }}</code> (vLLM {{ base.vllm }}) vs pr <code>{{ pr.build }}</code>
+(vLLM {{ pr.vllm }}){% if base2 %}, with base2 <code>{{ base2.build }}</code> as the run-to-run noise floor{% endif %}.
+A difference inside the base-vs-base2 spread is reported as “{{ nmd }}”.</p>
+<div id="expectations" class="banner {{ 'met' if met else 'unmet' }}">Expectations {{ 'met' if met else 'NOT met' }}
+<ul>{% for e in cmp.expectations %}<li class="{{ 'met' if e.met else 'unmet' }}">{{ e.expectation.build }}:
+{{ e.expectation.verdict }} on cells <code>{{ e.expectation.cells }}</code> —
+{% for path, v in e.actual %}<code>{{ path }}</code> {{ v }}{% if not loop.last %}, {% endif %}{% else %}{{ 'no cell regressed' if e.implied else 'no cell' }}{% endfor %}
+</li>{% endfor %}</ul></div>
+{% if cmp.notes %}<ul class="notes">{% for n in cmp.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
+
+<section id="grid"><h2>Verdicts: cells × builds</h2>
+<table class="grid"><thead><tr><th>cell</th><th>base</th>{% if base2 %}<th>base2</th>{% endif %}<th>pr</th>
+<th>outcome</th></tr></thead><tbody>
+{% for r in cmp.verdicts %}<tr data-cell="{{ r.path }}"><td><code>{{ r.path }}</code></td>
+<td class="v {{ r.base or '' }}">{{ r.base or '—' }}</td>{% if base2 %}<td class="v {{ r.base2 or '' }}">{{ r.base2 or '—' }}</td>{% endif %}
+<td class="v {{ r.pr or '' }}">{{ r.pr or '—' }}</td><td class="{{ r.outcome.replace(' ', '-') }}">{{ r.outcome }}</td></tr>
+{% endfor %}</tbody></table>
+<details><summary>first reason per build</summary><table><thead><tr><th>cell</th><th>base</th><th>pr</th></tr></thead>
+<tbody>{% for r in cmp.verdicts %}<tr><td><code>{{ r.path }}</code></td><td>{{ r.base_reason or '—' }}</td>
+<td>{{ r.pr_reason or '—' }}</td></tr>{% endfor %}</tbody></table></details></section>
+
+<section id="deciding"><h2>Tensor status changes that decide a verdict</h2>
+{% if deciding %}<table class="sortable" id="t-deciding"><thead><tr><th>path</th><th>check</th><th>tensor</th><th>kind</th>
+<th>base</th>{% if base2 %}<th>base2</th>{% endif %}<th>pr</th></tr></thead><tbody>
+{% for c in deciding %}<tr><td><code>{{ c.path }}</code></td><td>{{ c.check }}</td><td><code>{{ c.tensor }}</code></td>
+<td>{{ c.kind }}</td><td class="{{ c.base }}">{{ c.base }}</td>{% if base2 %}<td class="{{ c.base2 or '' }}">{{ c.base2 or '—' }}</td>{% endif %}
+<td class="{{ c.pr }}">{{ c.pr }}</td></tr>{% endfor %}</tbody></table>
+{% else %}<p>No judged tensor changed status between base and pr.</p>{% endif %}
+{% if reported %}<details id="reported-changes"><summary>{{ reported|length }} status change(s) that are not judged or
+only reported (NOISY, REBOUND, OK↔REBOUND)</summary>
+<input class="filter" data-table="t-reported" placeholder="filter…"><table class="sortable" id="t-reported"><thead><tr>
+<th>path</th><th>check</th><th>tensor</th><th>kind</th><th>base</th><th>pr</th></tr></thead><tbody>
+{% for c in reported %}<tr><td><code>{{ c.path }}</code></td><td>{{ c.check }}</td><td><code>{{ c.tensor }}</code></td>
+<td>{{ c.kind }}</td><td class="{{ c.base }}">{{ c.base }}</td><td class="{{ c.pr }}">{{ c.pr }}</td></tr>{% endfor %}
+</tbody></table></details>{% endif %}</section>
+
+<section id="tokens"><h2>Greedy tokens on cold B, pr vs base</h2>
+<p class="muted">Floor: {{ cmp.tokens[0].floor_source if cmp.tokens else '—' }}.</p>
+{{ plot_divergence }}
+<table class="sortable" id="t-tokens"><thead><tr><th>prompt</th><th>outcome</th><th>first divergence</th>
+<th>floor divergence</th><th>max logprob diff</th><th>floor logprob diff</th><th>base tokens</th><th>pr tokens</th></tr></thead>
+<tbody>{% for t in cmp.tokens %}<tr><td>{{ t.prompt }}</td><td class="{{ cls(t.outcome) }}">{{ t.outcome }}</td>
+<td>{{ '—' if t.first_divergence is none else t.first_divergence }}</td>
+<td>{{ '—' if t.floor_first_divergence is none else t.floor_first_divergence }}</td>
+<td>{{ '%.3g'|format(t.max_logprob_diff) }}</td><td>{{ '%.3g'|format(t.floor_logprob_diff) }}</td>
+<td class="mono">{{ t.base_tokens|join(' ') }}</td><td class="mono">{{ t.pr_tokens|join(' ') }}</td></tr>{% endfor %}
+</tbody></table></section>
+
+<section id="values"><h2>Tensor values on cold B, pr vs base</h2>
+<p class="muted">Exact digests of every census tensor of the reference arm (cold B). The floor: base2 vs base, and
+cold B twice inside each run.</p>
+{{ plot_layers }}
+{% if measured %}<input class="filter" data-table="t-values" placeholder="filter…">
+<table class="sortable" id="t-values"><thead><tr><th>tensor</th><th>kind</th><th>layer</th><th>outcome</th>
+<th>|max| base</th><th>|max| pr</th><th>relative change</th></tr></thead><tbody>
+{% for v in measured %}<tr><td><code>{{ v.tensor }}</code></td><td>{{ v.kind }}</td><td>{{ v.layer }}</td>
+<td class="{{ cls(v.outcome) }}">{{ v.outcome }}</td><td>{{ num(v.base_absmax) }}</td><td>{{ num(v.pr_absmax) }}</td>
+<td>{{ num(v.relative_change) }}</td></tr>{% endfor %}</tbody></table>
+{% else %}<p>No cold-B tensor value differs between base and pr beyond the floor.</p>{% endif %}
+{% if floor_values %}<details><summary>{{ floor_values|length }} tensor(s) that differ but also within the floor
+({{ nmd }})</summary><table class="sortable"><thead><tr><th>tensor</th><th>kind</th></tr></thead><tbody>
+{% for v in floor_values %}<tr><td><code>{{ v.tensor }}</code></td><td>{{ v.kind }}</td></tr>{% endfor %}
+</tbody></table></details>{% endif %}</section>
+
+<section id="hooks"><h2>Mounting points: post-load hooks by class</h2>
+<table class="sortable" id="t-hooks"><thead><tr><th>class</th><th>hook</th><th>base</th><th>pr</th>
+<th>ran on refit (base)</th><th>ran on refit (pr)</th><th>outcome</th></tr></thead><tbody>
+{% for h in cmp.hooks %}<tr><td><code>{{ h.owner }}</code></td><td>{{ h.kind }}</td><td>{{ h.base }}</td><td>{{ h.pr }}</td>
+<td>{{ h.base_runs_on_refit }}</td><td>{{ h.pr_runs_on_refit }}</td><td class="{{ h.outcome }}">{{ h.outcome }}</td></tr>
+{% endfor %}</tbody></table></section>
+
+<section id="throughput"><h2>Generation throughput (--throughput)</h2>
+{% if cmp.throughput %}<p class="muted">tokens/s, median of the timed runs; the band is every base and base2 sample. A
+refit engine slower than its own cold B beyond the cold engines' samples is flagged.</p>
+{{ plot_throughput }}
+<table class="sortable" id="t-throughput"><thead><tr><th>point</th><th>base</th><th>base2</th><th>pr</th><th>band</th>
+<th>outcome</th><th>refit slower than cold B</th></tr></thead><tbody>
+{% for r in cmp.throughput %}<tr><td><code>{{ r.point }}</code></td><td>{{ num(r.base_median) }}</td>
+<td>{{ num(r.base2_median) }}</td><td>{{ num(r.pr_median) }}</td><td>{{ num(r.band_low) }}–{{ num(r.band_high) }}</td>
+<td class="{{ cls(r.outcome) }}">{{ r.outcome }}</td><td class="{{ 'differs' if r.slower_than_cold else '' }}">
+{{ r.slower_than_cold or 'no' }}</td></tr>{% endfor %}</tbody></table>
+{% else %}<p class="muted">Not measured: run with <code>--throughput</code>.</p>{% endif %}</section>
+
+<section id="timings"><h2>Arm wall time (engine start included)</h2>
+<p class="muted">A coarse speed measure; a delta inside the base..base2 band is “{{ nmd }}”.</p>
+{{ plot_timings }}
+<details><summary>table</summary><table class="sortable" id="t-timings"><thead><tr><th>arm</th><th>base s</th>
+<th>base2 s</th><th>pr s</th><th>delta s</th><th>band s</th><th>outcome</th></tr></thead><tbody>
+{% for r in cmp.timings %}<tr><td>{{ r.arm }}</td><td>{{ num(r.base_seconds) }}</td><td>{{ num(r.base2_seconds) }}</td>
+<td>{{ num(r.pr_seconds) }}</td><td>{{ num(r.delta) }}</td><td>{{ num(r.band) }}</td>
+<td class="{{ cls(r.outcome) }}">{{ r.outcome }}</td></tr>{% endfor %}</tbody></table></details></section>
+
+<section id="provenance"><h2>Provenance</h2>
+<table><thead><tr><th></th>{% for b in cmp.builds %}<th>{{ b.label }}</th>{% endfor %}</tr></thead><tbody>
+{% for key in ['build', 'vllm', 'vllm_git_sha', 'torch', 'torch_git_sha', 'device', 'python_executable',
+'harness_git_sha', 'started', 'directory'] %}<tr><th>{{ key }}</th>{% for b in cmp.builds %}
+<td><code>{{ b[key] or '—' }}</code></td>{% endfor %}</tr>{% endfor %}</tbody></table>
+<p>Command: <code>{{ cmp.command or '—' }}</code></p></section>
+<script>{{ js }}</script></body></html>
+"""
+
+
+def render_html(cmp: BuildComparison) -> str:
+    def num(v) -> str:
+        return "—" if v is None else f"{v:.3g}"
+
+    def cls(outcome: str) -> str:
+        return {NO_DIFFERENCE: "nmd"}.get(outcome, outcome.replace(" ", "-"))
+
+    builds = {b.label: asdict(b) for b in cmp.builds}
+    deciding = [c for c in cmp.status_changes if c.decides]
+    return _ENV.from_string(TEMPLATE).render(
+        cmp=_view(cmp, builds), base=builds["base"], pr=builds["pr"], base2=builds.get("base2"),
+        met=cmp.exit_code == 0, nmd=NO_DIFFERENCE, deciding=deciding,
+        reported=[c for c in cmp.status_changes if not c.decides],
+        measured=[v for v in cmp.values if v.outcome != NO_DIFFERENCE],
+        floor_values=[v for v in cmp.values if v.outcome == NO_DIFFERENCE],
+        plot_layers=svg_layer_bars(cmp.layer_change), plot_divergence=svg_divergence(cmp.tokens),
+        plot_timings=svg_timings(cmp.timings), plot_throughput=svg_throughput(cmp.throughput), css=Markup(CSS), js=Markup(JS), num=num, cls=cls)
+
+
+def _view(cmp: BuildComparison, builds: dict):
+    """The comparison with builds as dicts (Jinja indexes provenance rows by key)."""
+    from types import SimpleNamespace
+
+    view = {f.name: getattr(cmp, f.name) for f in fields(cmp)}
+    view["builds"] = [builds[b.label] for b in cmp.builds]
+    return SimpleNamespace(**view)

@@ -1,0 +1,176 @@
+"""Two builds side by side, from synthetic records: every outcome has a planted difference
+it must report and a twin inside the floor it must call "no measurable difference"."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.checkpoints import CheckpointSet
+from harness.compare import compare_path
+from harness.crossbuild import (NO_DIFFERENCE, CompareError, compare_builds, layer_of, parse_expectation)
+from harness.pipeline import Evaluation, RunRecord
+from harness.plan import Plan
+from harness.records import HookRecord
+from harness.report.compare_page import render_html, render_markdown, write_comparison
+from harness.spec import JudgePolicy, RunSpec
+from harness.verdict import judge
+from tests.records import A, B, EXPECTED, arm, obs, output, subject, tensor
+
+CKPT = CheckpointSet(a="/a", b="/b", b_control="/b2", control_tensor="q_proj.weight")
+HOOKS = (HookRecord("model.layers.0.qkv_proj", "quant_method", 0, "UnquantizedLinearMethod"),
+         HookRecord("model.layers.1.qkv_proj", "quant_method", 0, "UnquantizedLinearMethod"))
+
+
+def evaluation(cold_b=B, subj=None, outputs=None, seconds=10.0, hooks=HOOKS, noise_b=None, vllm="0.31.0"):
+    """One run: reference and noise arms on cold B, a subject on path ``p``, judged for real."""
+    cold = dataclasses.replace(obs("cold_B", cold_b, outputs), hooks=hooks)
+    noise_cold = dataclasses.replace(obs("cold_B", noise_b or cold_b, outputs), hooks=hooks)
+    env = (("device", "cpu"), ("vllm", vllm), ("torch", "2.13.0+cpu"))
+    ref = dataclasses.replace(arm("reference", "reference", cold), seconds=seconds, environment=env)
+    noise = dataclasses.replace(arm("noise", "noise", noise_cold), seconds=seconds, environment=env)
+    s = dataclasses.replace(subj or subject(), environment=env)
+    c = compare_path("p", s, ref, noise, "q_proj.weight", 1e-4, EXPECTED)
+    record = RunRecord(spec=RunSpec(model="/a", paths=("p",)), checkpoints=CKPT, plan=Plan(arms=(), skipped=()),
+                       git_sha="abc", started="2026-01-01T00:00:00Z")
+    return Evaluation(record=record, arms=(ref, noise, s), comparisons=(c,),
+                      verdicts=(judge(c, JudgePolicy(), False),))
+
+
+STALE = subject(warm_b={**B, "norm": A["norm"]}, warm_b_again={**B, "norm": A["norm"]})
+
+
+def test_fixed_pr_meets_base_fail_pr_pass_and_names_the_fixed_tensor():
+    cmp = compare_builds(evaluation(subj=STALE), evaluation(), expectations=(parse_expectation("base=FAIL"),
+                                                                            parse_expectation("pr=PASS")))
+    assert [(r.base, r.pr, r.outcome) for r in cmp.verdicts] == [("FAIL", "PASS", "changed")]
+    assert cmp.exit_code == 0 and all(e.met for e in cmp.expectations)
+    deciding = [c for c in cmp.status_changes if c.decides]
+    assert {(c.tensor, c.base, c.pr) for c in deciding} >= {("norm", "STALE", "OK")}
+
+
+def test_unmet_expectation_fails_the_comparison():
+    cmp = compare_builds(evaluation(), evaluation(), expectations=(parse_expectation("base=FAIL"),))
+    assert cmp.exit_code == 1 and not cmp.expectations[0].met
+
+
+def test_without_expectations_a_regression_fails_and_a_fix_does_not():
+    assert compare_builds(evaluation(), evaluation(subj=STALE)).exit_code == 1
+    assert compare_builds(evaluation(subj=STALE), evaluation()).exit_code == 0
+
+
+def test_value_difference_is_reported_only_beyond_the_floor():
+    pr_b = {**B, "w": "other"}
+    cmp = compare_builds(evaluation(), evaluation(cold_b=pr_b), evaluation())
+    assert [(v.tensor, v.outcome) for v in cmp.values] == [("w", "differs")]
+    # The same difference when base2 differs too: inside the floor.
+    cmp = compare_builds(evaluation(), evaluation(cold_b=pr_b), evaluation(cold_b={**B, "w": "third"}))
+    assert [(v.tensor, v.outcome) for v in cmp.values] == [("w", NO_DIFFERENCE)]
+    # ... or when two cold starts inside base already disagree on it.
+    cmp = compare_builds(evaluation(noise_b={**B, "w": "jitter"}), evaluation(cold_b=pr_b))
+    assert [(v.tensor, v.outcome) for v in cmp.values] == [("w", NO_DIFFERENCE)]
+
+
+def test_token_divergence_against_the_base2_floor():
+    same = [output(0, (1, 2, 3, 4))]
+    moved = [output(0, (1, 2, 9, 9))]
+    cmp = compare_builds(evaluation(outputs=same), evaluation(outputs=moved), evaluation(outputs=same))
+    assert [(t.first_divergence, t.outcome) for t in cmp.tokens] == [(2, "differs")]
+    cmp = compare_builds(evaluation(outputs=same), evaluation(outputs=same), evaluation(outputs=same))
+    assert [t.outcome for t in cmp.tokens] == ["identical"]
+    cmp = compare_builds(evaluation(outputs=same), evaluation(outputs=moved), evaluation(outputs=[output(0, (1, 7, 7, 7))]))
+    assert [t.outcome for t in cmp.tokens] == [NO_DIFFERENCE]  # base2 already diverges earlier
+
+
+def test_timing_inside_the_base2_band_is_no_measurable_difference():
+    cmp = compare_builds(evaluation(seconds=10), evaluation(seconds=11), evaluation(seconds=12))
+    assert {r.arm: r.outcome for r in cmp.timings}["reference"] == NO_DIFFERENCE
+    cmp = compare_builds(evaluation(seconds=10), evaluation(seconds=20), evaluation(seconds=10.5))
+    assert {r.arm: r.outcome for r in cmp.timings}["reference"] == "slower"
+
+
+def test_hook_census_by_class():
+    extra = HOOKS + (HookRecord("model.layers.0.attn", "module", 0, "Attention"),)
+    cmp = compare_builds(evaluation(), evaluation(hooks=extra))
+    rows = {(h.owner, h.kind): h for h in cmp.hooks}
+    assert rows[("Attention", "module")].outcome == "changed" and rows[("Attention", "module")].pr == 1
+    assert rows[("UnquantizedLinearMethod", "quant_method")].base == 2
+    assert rows[("UnquantizedLinearMethod", "quant_method")].outcome == "same"
+
+
+def test_expectation_syntax():
+    e = parse_expectation("pr:reload_*=pass")
+    assert (e.build, e.cells, e.verdict) == ("pr", "reload_*", "PASS")
+    with pytest.raises(CompareError):
+        parse_expectation("pr=GOOD")
+
+
+def test_layer_names():
+    assert layer_of("model.layers.12.mlp.down_proj.weight") == "layer 12"
+    assert layer_of("model.embed_tokens.weight") == "embed"
+    assert layer_of("lm_head.<kernel-output>") == "head"
+
+
+def test_report_files_are_self_contained_and_escaped(tmp_path):
+    hostile = {**B, "<script>alert(1)</script>": "x"}
+    cmp = compare_builds(evaluation(subj=STALE), evaluation(cold_b=hostile), evaluation(),
+                         expectations=(parse_expectation("base=FAIL"),))
+    files = write_comparison(cmp, tmp_path)
+    html = files["index.html"].read_text()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
+    assert "http://" not in html and "https://" not in html  # no CDN, nothing fetched
+    for anchor in ("id=\"grid\"", "id=\"plot-layers\"", "id=\"plot-divergence\"", "id=\"plot-timings\"",
+                   "id=\"provenance\""):
+        assert anchor in html
+    assert html.index("id=\"grid\"") < html.index("id=\"deciding\"") < html.index("id=\"values\"")
+    md = render_markdown(cmp)
+    assert "| `p` | ❌ FAIL |" in md and "Expectations: met" in md
+    assert files["verdicts.csv"].read_text().splitlines()[0].startswith("schema_version,path,base,pr,base2,outcome")
+    assert render_html(cmp) == html
+
+
+def with_throughput(ev, cold, refit):
+    """Put throughput samples on a synthetic run: ``cold`` on both cold engines, ``refit`` on the subject."""
+    from harness.records import Measurement
+
+    def m(label, xs):
+        return (Measurement(label=label, batch=8, output_len=32, tokens_per_s=tuple(xs)),)
+
+    arms = tuple(dataclasses.replace(a, measurements=m("cold_B/throughput", cold) if a.role != "subject"
+                                     else m("p/throughput", refit)) for a in ev.arms)
+    return dataclasses.replace(ev, arms=arms)
+
+
+def test_throughput_inside_the_base_base2_band_is_no_measurable_difference():
+    base = with_throughput(evaluation(), [100, 104, 102], [101, 103, 99])
+    base2 = with_throughput(evaluation(), [98, 101, 99], [100, 97, 102])
+    rows = {r.point: r for r in compare_builds(base, with_throughput(evaluation(), [99, 100, 101], [100, 101, 99]),
+                                                base2).throughput}
+    assert rows["cold_B"].outcome == NO_DIFFERENCE and rows["p"].outcome == NO_DIFFERENCE
+    rows = {r.point: r for r in compare_builds(base, with_throughput(evaluation(), [60, 61, 59], [100, 101, 99]),
+                                                base2).throughput}
+    assert rows["cold_B"].outcome == "slower" and rows["p"].outcome == NO_DIFFERENCE
+
+
+def test_a_refit_engine_slower_than_its_own_cold_b_is_flagged():
+    from harness.throughput import points
+
+    slow = with_throughput(evaluation(), [100, 104, 102], [80, 82, 81])
+    assert {p.point: p.slower_than_cold for p in points(slow.arms)} == {"cold_B": False, "p": True}
+    same = with_throughput(evaluation(), [100, 104, 102], [99, 103, 101])  # median 101 >= min cold 100
+    assert not any(p.slower_than_cold for p in points(same.arms))
+    rows = compare_builds(same, slow).throughput
+    assert {r.point: r.slower_than_cold for r in rows}["p"] == "pr"
+
+
+def test_run_report_puts_deciding_rows_first_and_folds_noisy_ones(tmp_path):
+    from harness.report import write_reports
+
+    # "w" differs between the two cold engines (NOISY, not judged); "norm" stays stale (decides).
+    ev = evaluation(subj=STALE, noise_b={**B, "w": "jitter"})
+    html = write_reports(ev, tmp_path)["index.html"].read_text()
+    section = html[html.index("id='tensors'"):html.index("id='consumed'")]
+    folded = section.index("<details>")
+    assert section.index("<code>norm</code>") < folded < section.index("<code>w</code>")
+    assert "NOISY" in section[folded:] and "STALE" in section[:folded]
