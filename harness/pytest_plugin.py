@@ -85,13 +85,18 @@ def run_cli(args: list[str], out: Path, extra_env: dict[str, str] | None = None,
 
 @pytest.fixture(scope="session")
 def run_oracle(tmp_path_factory: pytest.TempPathFactory):
-    """``run_oracle(name, *cli_args)``: run ``refit-harness run`` for real, once per name."""
-    cache: dict[str, OracleRun] = {}
+    """``run_oracle(name, *cli_args)``: run ``refit-harness run`` for real, once per name. Two
+    tests sharing a name must ask for the same run: which one comes first would otherwise
+    decide what the other one checks."""
+    cache: dict[str, tuple[tuple, OracleRun]] = {}
 
     def _run(name: str, *args: str, extra_env: dict[str, str] | None = None) -> OracleRun:
+        asked = (args, tuple(sorted((extra_env or {}).items())))
         if name not in cache:
-            cache[name] = run_cli(["run", *args], tmp_path_factory.mktemp(name), extra_env)
-        return cache[name]
+            cache[name] = asked, run_cli(["run", *args], tmp_path_factory.mktemp(name), extra_env)
+        if cache[name][0] != asked:
+            raise ValueError(f"run_oracle({name!r}) asked for {asked} after {cache[name][0]}")
+        return cache[name][1]
 
     return _run
 
