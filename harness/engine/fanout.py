@@ -185,5 +185,8 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
                                               (keys or {}).get(queued.name, ""))
                 queue.clear()
     finally:
+        from harness.engine.runner import kill_recorded_groups
+
+        kill_recorded_groups(workdir)  # arms still running (the run was cancelled): before their actors go
         if own_cluster:
             ray.shutdown()

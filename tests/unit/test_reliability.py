@@ -25,7 +25,7 @@ def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess
     import os
 
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                          timeout=timeout, env={"PYTHONPATH": str(REPO), **os.environ, **(env or {})})
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
