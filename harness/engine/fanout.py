@@ -10,6 +10,7 @@ cluster; without it a local Ray starts and stops with the run.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +151,12 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
             else:
                 ray.init(num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20,
                          **local_ray_options())
+        except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) fired before ours was back
+            from harness.interrupts import Interrupted
+
+            if exc.code == signal.SIGTERM:
+                raise Interrupted(signal.SIGTERM) from None
+            raise
         except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; the run cannot go on
             raise InfrastructureError(f"Ray did not start ({'address ' + fan.address if fan.address else 'local'}): "
                                       f"{type(exc).__name__}: {str(exc)[:300]}") from exc

@@ -383,3 +383,20 @@ def test_a_full_disk_leaves_reports_and_records_whole_or_absent_and_exits_2(tmp_
     # Through the CLI: one clear line, exit 2.
     line = one_error_line(cli("report", str(run)))
     assert "no space left on the device" in line, line
+
+
+def test_ray_failing_to_start_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    ray = pytest.importorskip("ray")
+    from harness import checkpoints
+    from harness import cli as cli_module
+
+    def init_fails(*args, **kwargs):
+        raise ConnectionError("Could not connect to the GCS at 127.0.0.1:6379")
+
+    monkeypatch.setattr(ray, "init", init_fails)
+    code = cli_module.main(["run", "--model", str(checkpoints.tiny_qwen3()), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("refit-harness: error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "Ray did not start (local): ConnectionError: Could not connect to the GCS" in lines[0]
+    assert "Traceback" in (tmp_path / "o" / "harness.log").read_text()
