@@ -176,8 +176,12 @@ def _vllm_version() -> str:
 def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None = None,
             resume: bool = False) -> Evaluation:
     """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here."""
-    from harness.engine.runner import arm_files, kill_recorded_groups, run_arm, store_error
+    import os
+    import uuid
 
+    from harness.engine.runner import RUN_MARKER, arm_files, kill_recorded_groups, run_arm, store_error
+
+    os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
     record = prepare(spec, out, progress, resume)
     arms = record.plan.arms
     keys = {arm.name: arm_key(arm, record.git_sha) for arm in arms}
