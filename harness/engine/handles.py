@@ -328,21 +328,6 @@ def serve_command(model: str) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
 
 
-def _free_port() -> int:
-    """A free loopback port below Linux's ephemeral range (32768+, where vLLM's own ports
-    come from) and above Ray's worker ports (10002-19999)."""
-    import random
-
-    while True:
-        port = random.randint(20000, 32767)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-
-
 def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> Engine:
     kind = arm.requirements.kind
     if kind == "ray_llm":
