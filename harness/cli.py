@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         return {"run": cmd_run, "paths": cmd_paths, "report": cmd_report, "make-model": cmd_make_model,
                 "list": cmd_list}[args.command](args)
     except KeyboardInterrupt as exc:
-        return _fail(f"interrupted ({getattr(exc, 'signal_name', 'Ctrl-C')}); finished arms are kept on disk "
+        return _fail(f"interrupted ({getattr(exc, 'signal_name', None) or interrupts.last_signal or 'Ctrl-C'}); "
+                     "finished arms are kept on disk "
                      "(use --resume)")
     except Exception as exc:  # noqa: BLE001 - the one place exceptions become exit code 2
         return _fail(f"{_one_line(exc)} ({_log_traceback()})")
@@ -144,7 +145,7 @@ def _interrupted(exc: KeyboardInterrupt, write) -> int:
     from harness import interrupts
 
     interrupts.hold()
-    how = getattr(exc, "signal_name", "Ctrl-C")
+    how = getattr(exc, "signal_name", None) or interrupts.last_signal or "Ctrl-C"
     try:
         index = write()
     except Exception as report_exc:  # noqa: BLE001 - nothing finished, or the records are damaged

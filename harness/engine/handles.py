@@ -185,7 +185,8 @@ class HTTPEngine(Engine):
     """
 
     def __init__(self, arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None,
-                 startup_timeout_s: float = 300.0) -> None:
+                 startup_timeout_s: float | None = None) -> None:
+        startup_timeout_s = arm.timeout_s if startup_timeout_s is None else startup_timeout_s  # the arm's budget
         args = engine_args(arm, overrides)
         cmd = serve_command(args.pop("model"))
         for key, value in args.items():
