@@ -122,15 +122,15 @@ def _one_line(exc: BaseException) -> str:
 def _log_traceback() -> str:
     """Append the current exception's traceback to ``<out>/harness.log``; say where it went."""
     text = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] refit-harness {' '.join(sys.argv[1:])}\n{traceback.format_exc()}\n"
-    for directory in ([_out_dir] if _out_dir else []):
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with open(directory / "harness.log", "a") as log:
-                log.write(text)
-            return f"traceback in {directory / 'harness.log'}"
-        except OSError:
-            pass
-    return "no traceback written: no output directory"
+    if _out_dir is None:
+        return "no traceback written: no output directory yet"
+    try:
+        _out_dir.mkdir(parents=True, exist_ok=True)
+        with open(_out_dir / "harness.log", "a") as log:
+            log.write(text)
+    except OSError as exc:
+        return f"traceback not written to {_out_dir / 'harness.log'}: {exc.strerror or exc}"
+    return f"traceback in {_out_dir / 'harness.log'}"
 
 
 def _set_out(out: Path) -> Path:
