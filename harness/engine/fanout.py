@@ -59,6 +59,21 @@ def local_ray_options() -> dict:
     return {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": False}
 
 
+def start_local_ray(ray) -> None:
+    """A local Ray for this run. Ray waits a fixed 30 s for its raylet to register
+    (``node.py``); on a loaded machine (seen here at load 20 on 2 cores) the raylet can take
+    longer and the start fails. One more try costs nothing when the first one works."""
+    options = dict(num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20,
+                   **local_ray_options())
+    try:
+        ray.init(**options)
+    except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
+        if "timed out during startup" not in str(exc):
+            raise
+        ray.shutdown()
+        ray.init(**options)
+
+
 def check_ray_address(address: str | None, allow_remote: bool) -> None:
     """A Ray address off this machine runs our arms (and their engines) elsewhere, and Ray's
     control plane trusts whoever reaches it: joining one must be asked for explicitly."""
@@ -149,8 +164,7 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
             if fan.address:
                 ray.init(address=fan.address, log_to_driver=False)
             else:
-                ray.init(num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20,
-                         **local_ray_options())
+                start_local_ray(ray)
         except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) fired before ours was back
             from harness.interrupts import Interrupted
 

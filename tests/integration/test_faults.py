@@ -125,3 +125,44 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
     assert not left, f"processes of the run outlived it: {left}"
     assert not list((out / "arms").glob("*.pid"))
     assert not (out / "scratch").exists() or not any((out / "scratch").iterdir())
+
+
+def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path):
+    """The actor running an arm is killed (as by an OOM killer): that arm is ERROR, said so,
+    and its record is on disk; no exception escapes ``run_arms``."""
+    import psutil
+
+    from harness.engine.fanout import FanoutSpec, run_arms
+    from harness.pipeline import evaluate
+    from tests.unit.run_dirs import write_run
+
+    record = write_run(tmp_path)
+    (tmp_path / "arms").joinpath("reference.result.json").unlink()
+    arm = next(a for a in record.plan.arms if a.name == "reference")
+    killed = []
+
+    def started(_arm) -> None:
+        def kill_actor() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not killed:
+                for p in psutil.process_iter(["cmdline"]):
+                    if "ray::ArmActor" in " ".join(p.info["cmdline"] or []):
+                        try:
+                            if any("arm_process" in " ".join(c.cmdline()) for c in p.children()):
+                                p.kill()
+                                killed.append(p.pid)
+                                return
+                        except psutil.Error:
+                            continue
+                time.sleep(0.1)
+
+        import threading
+
+        threading.Thread(target=kill_actor, daemon=True).start()
+
+    results = list(run_arms([arm], tmp_path, FanoutSpec(max_concurrent=1), started))
+    assert killed, "the actor was never seen running the arm"
+    [(_, result)] = results
+    assert result.status == "error" and result.error.startswith("the Ray actor running this arm died"), result.error
+    assert "the Ray actor running this arm died" in " ".join(
+        next(v for v in evaluate(tmp_path).verdicts if v.path == "reload_weights").reasons)
