@@ -127,38 +127,44 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
     assert not (out / "scratch").exists() or not any((out / "scratch").iterdir())
 
 
-def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path):
+def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monkeypatch):
     """The actor running an arm is killed (as by an OOM killer): that arm is ERROR, said so,
     and its record is on disk; no exception escapes ``run_arms``."""
+    import dataclasses
+    import threading
+
     import psutil
 
     from harness.engine.fanout import FanoutSpec, run_arms
     from harness.pipeline import evaluate
+    from harness.spec import ControlSpec, PerturbSpec
     from tests.unit.run_dirs import write_run
 
     record = write_run(tmp_path)
-    (tmp_path / "arms").joinpath("reference.result.json").unlink()
-    arm = next(a for a in record.plan.arms if a.name == "reference")
-    killed = []
+    (tmp_path / "arms" / "reference.result.json").unlink()
+    real = checkpoints.prepare(str(checkpoints.tiny_qwen3()), None, PerturbSpec(), ControlSpec())
+    arm = dataclasses.replace(next(a for a in record.plan.arms if a.name == "reference"), checkpoints=real)
+    killed, marker = [], uuid.uuid4().hex
+    # Inherited by this test's own Ray and its workers: no other run's actor is ever a candidate.
+    monkeypatch.setenv(RUN_MARKER, marker)
+
+    def kill_our_actor_once_it_runs_the_arm() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            for pid in run_processes(marker=marker):
+                try:
+                    p = psutil.Process(pid)
+                    if "ray::ArmActor" in " ".join(p.cmdline()) and any(
+                            "arm_process" in " ".join(c.cmdline()) for c in p.children()):
+                        p.kill()
+                        killed.append(pid)
+                        return
+                except psutil.Error:
+                    continue
+            time.sleep(0.1)
 
     def started(_arm) -> None:
-        def kill_actor() -> None:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not killed:
-                for p in psutil.process_iter(["cmdline"]):
-                    if "ray::ArmActor" in " ".join(p.info["cmdline"] or []):
-                        try:
-                            if any("arm_process" in " ".join(c.cmdline()) for c in p.children()):
-                                p.kill()
-                                killed.append(p.pid)
-                                return
-                        except psutil.Error:
-                            continue
-                time.sleep(0.1)
-
-        import threading
-
-        threading.Thread(target=kill_actor, daemon=True).start()
+        threading.Thread(target=kill_our_actor_once_it_runs_the_arm, daemon=True).start()
 
     results = list(run_arms([arm], tmp_path, FanoutSpec(max_concurrent=1), started))
     assert killed, "the actor was never seen running the arm"
@@ -166,3 +172,7 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path):
     assert result.status == "error" and result.error.startswith("the Ray actor running this arm died"), result.error
     assert "the Ray actor running this arm died" in " ".join(
         next(v for v in evaluate(tmp_path).verdicts if v.path == "reload_weights").reasons)
+    deadline = time.monotonic() + 20
+    while run_processes(marker=marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not run_processes(marker=marker), "the arm or its engine outlived the killed actor"
