@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return {"run": cmd_run, "paths": cmd_paths, "report": cmd_report, "make-model": cmd_make_model,
                 "list": cmd_list, "build": cmd_build, "compare": cmd_compare}[args.command](args)
     except KeyboardInterrupt as exc:
-        return _fail(f"interrupted ({getattr(exc, 'signal_name', 'Ctrl-C')}); finished arms are kept on disk "
+        return _fail(f"interrupted ({getattr(exc, 'signal_name', None) or interrupts.last_signal or 'Ctrl-C'}); "
+                     "finished arms are kept on disk "
                      "(use --resume)")
     except Exception as exc:  # noqa: BLE001 - the one place exceptions become exit code 2
         return _fail(f"{_one_line(exc)} ({_log_traceback()})")
@@ -161,15 +162,15 @@ def _one_line(exc: BaseException) -> str:
 def _log_traceback() -> str:
     """Append the current exception's traceback to ``<out>/harness.log``; say where it went."""
     text = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] refit-harness {' '.join(sys.argv[1:])}\n{traceback.format_exc()}\n"
-    for directory in ([_out_dir] if _out_dir else []):
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with open(directory / "harness.log", "a") as log:
-                log.write(text)
-            return f"traceback in {directory / 'harness.log'}"
-        except OSError:
-            pass
-    return "no traceback written: no output directory"
+    if _out_dir is None:
+        return "no traceback written: no output directory yet"
+    try:
+        _out_dir.mkdir(parents=True, exist_ok=True)
+        with open(_out_dir / "harness.log", "a") as log:
+            log.write(text)
+    except OSError as exc:
+        return f"traceback not written to {_out_dir / 'harness.log'}: {exc.strerror or exc}"
+    return f"traceback in {_out_dir / 'harness.log'}"
 
 
 def _set_out(out: Path) -> Path:
@@ -184,7 +185,7 @@ def _interrupted(exc: KeyboardInterrupt, write) -> int:
     from harness import interrupts
 
     interrupts.hold()
-    how = getattr(exc, "signal_name", "Ctrl-C")
+    how = getattr(exc, "signal_name", None) or interrupts.last_signal or "Ctrl-C"
     try:
         index = write()
     except Exception as report_exc:  # noqa: BLE001 - nothing finished, or the records are damaged

@@ -18,7 +18,13 @@ class Interrupted(KeyboardInterrupt):
         self.signal_name = signal.Signals(signum).name
 
 
+last_signal: str | None = None
+"""Name of the last signal that interrupted the run (Ray may re-raise a plain KeyboardInterrupt)."""
+
+
 def _raise(signum, frame) -> None:
+    global last_signal
+    last_signal = signal.Signals(signum).name
     raise Interrupted(signum)
 
 

@@ -221,8 +221,11 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
     """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here.
     With ``reuse_reference``, cold-B arms come from the reference cache when their key is
     there, and fresh ones are stored in it."""
-    from harness.engine.runner import arm_files, kill_recorded_groups, run_arm, store_error
+    import uuid
 
+    from harness.engine.runner import RUN_MARKER, arm_files, kill_recorded_groups, run_arm, store_error
+
+    os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
     record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference)
     arms = record.plan.arms
     env = dict(record.arm_env)

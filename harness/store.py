@@ -74,6 +74,7 @@ def write_atomic(path: Path, data: str | bytes) -> Path:
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)  # mkstemp makes 0600; reports are shared like any other file
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
@@ -87,6 +88,20 @@ def write_atomic(path: Path, data: str | bytes) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _umask_file_mode() -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o644
+
+
+_FILE_MODE = _umask_file_mode()
 
 
 def _fsync_dir(directory: Path) -> None:

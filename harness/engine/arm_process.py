@@ -225,33 +225,30 @@ def die_with_parent_and_deadline(deadline_s: float) -> None:
     """The arm's engines must not outlive the run, whatever happens to the parent.
 
     The arm leads its own process group (the engine core, its workers and a ``vllm serve``
-    with its engine core are all in it). The kernel kills this process when its parent dies
-    (PR_SET_PDEATHSIG); a watcher thread also kills the whole group when the parent pid
-    changes (the parent died between fork and prctl, or the signal was not delivered) or when
-    the arm's own deadline passes (the parent's timeout lives in the parent).
+    with its engine core are all in it). A watcher thread kills the whole group when the
+    parent pid changes (the parent died: a Ray actor killed, the CLI SIGKILLed) or when the
+    arm's own deadline passes (the parent's timeout lives in the parent). Not
+    PR_SET_PDEATHSIG: it would kill this process alone, watcher included, and leave the
+    engine core running (measured: tests/unit/test_arm_lifetime.py).
     """
-    import ctypes
     import signal
 
     if os.getpgrp() != os.getpid():
         return  # not started by the runner (which makes the arm a group leader): nothing of ours to kill
     parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent or parent == 1:
-        os.killpg(os.getpgrp(), signal.SIGKILL)
     end = time.monotonic() + deadline_s
 
     def watch() -> None:
         while True:
-            time.sleep(0.5)
             orphaned = os.getppid() != parent
             if orphaned or time.monotonic() > end:
-                print("refit-harness arm: " + ("parent died" if orphaned else f"own deadline of {deadline_s:.0f} s "
-                      "passed") + "; killing the arm's process group", flush=True)
+                try:  # stdout may be a pipe to the dead parent
+                    print("refit-harness arm: " + ("parent died" if orphaned else f"own deadline of "
+                          f"{deadline_s:.0f} s passed") + "; killing the arm's process group", flush=True)
+                except OSError:
+                    pass
                 os.killpg(os.getpgrp(), signal.SIGKILL)
+            time.sleep(0.25)
 
     threading.Thread(target=watch, name="refit-harness-parent-watch", daemon=True).start()
 

@@ -23,6 +23,7 @@ writes them into the report directory. Checkpoints reach a node in one of two wa
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,6 +75,21 @@ def local_ray_options() -> dict:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # for Ray processes importing it afresh
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time by services.get_node_ip_address
     return {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": False}
+
+
+def start_local_ray(ray) -> None:
+    """A local Ray for this run. Ray waits a fixed 30 s for its raylet to register
+    (``node.py``); on a loaded machine (seen here at load 20 on 2 cores) the raylet can take
+    longer and the start fails. One more try costs nothing when the first one works."""
+    options = dict(num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20,
+                   **local_ray_options())
+    try:
+        ray.init(**options)
+    except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
+        if "timed out during startup" not in str(exc):
+            raise
+        ray.shutdown()
+        ray.init(**options)
 
 
 def check_ray_address(address: str | None, allow_remote: bool) -> None:
@@ -247,8 +263,13 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
             if fan.address:
                 ray.init(address=fan.address, log_to_driver=False)
             else:
-                ray.init(num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20,
-                         **local_ray_options())
+                start_local_ray(ray)
+        except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) fired before ours was back
+            from harness.interrupts import Interrupted
+
+            if exc.code == signal.SIGTERM:
+                raise Interrupted(signal.SIGTERM) from None
+            raise
         except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; the run cannot go on
             raise InfrastructureError(f"Ray did not start ({'address ' + fan.address if fan.address else 'local'}): "
                                       f"{type(exc).__name__}: {str(exc)[:300]}") from exc

@@ -191,7 +191,8 @@ class HTTPEngine(Engine):
     """
 
     def __init__(self, arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None,
-                 startup_timeout_s: float = 300.0) -> None:
+                 startup_timeout_s: float | None = None) -> None:
+        startup_timeout_s = arm.timeout_s if startup_timeout_s is None else startup_timeout_s  # the arm's budget
         args = engine_args(arm, overrides)
         cmd = serve_command(args.pop("model"))
         for key, value in args.items():
@@ -334,21 +335,6 @@ def serve_command(model: str) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
     except importlib.metadata.PackageNotFoundError:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-
-
-def _free_port() -> int:
-    """A free loopback port below Linux's ephemeral range (32768+, where vLLM's own ports
-    come from) and above Ray's worker ports (10002-19999)."""
-    import random
-
-    while True:
-        port = random.randint(20000, 32767)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> Engine:

@@ -77,7 +77,8 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     elif recorded is None:
         result = _as_error(arm, None, f"arm process exited with code {proc.returncode} before writing a result; "
                                       f"last log lines: {_tail(log_file)}", seconds)
-    elif recorded.status == "ok" and proc.returncode != 0:
+    elif proc.returncode != 0 and (recorded.status == "ok" or (recorded.error or "").startswith("arm stopped")):
+        # Killed (or exited) between two saves: the record only says where it was.
         result = _as_error(arm, recorded, f"arm process exited with code {proc.returncode}", seconds)
     else:
         result = recorded
@@ -100,26 +101,48 @@ def store_error(arm: ArmPlan, workdir: Path, message: str, key: str = "") -> Arm
 def kill_recorded_groups(workdir: Path) -> list[int]:
     """Kill the process group of every arm of this run still recorded as running.
 
-    Only a group whose leader carries this run's marker is killed: a pid file left by a
-    crash must never take down an unrelated process that reused the pid.
+    The arm itself may already be gone (it dies with its parent), leaving its engine core
+    and workers in the group, so the group is killed when any member still carries this
+    run's marker: a pid file left by a crash never takes down an unrelated process group.
     """
-    marker = os.environ.get(RUN_MARKER)
     killed = []
     for pid_file in (workdir / "arms").glob("*.pid"):
         try:
-            pid = int(pid_file.read_text().strip())
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            pgid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
-            pid_file.unlink(missing_ok=True)
-            continue
-        if marker and f"{RUN_MARKER}={marker}".encode() in environ.split(b"\0"):
+            pgid = None
+        if pgid and run_processes(pgid):
             try:
-                os.killpg(pid, signal.SIGKILL)
-                killed.append(pid)
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
             except (ProcessLookupError, PermissionError):
                 pass
         pid_file.unlink(missing_ok=True)
     return killed
+
+
+def run_processes(pgid: int | None = None, marker: str | None = None) -> list[int]:
+    """Pids of live processes carrying this run's marker (``RUN_MARKER`` in their
+    environment), optionally only those in process group ``pgid``."""
+    marker = marker or os.environ.get(RUN_MARKER)
+    if not marker:
+        return []
+    needle = f"{RUN_MARKER}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if pgid is not None:
+                stat = (entry / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                if fields[0] == "Z" or int(fields[2]) != pgid:
+                    continue
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -25,7 +25,7 @@ def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess
     import os
 
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                          timeout=timeout, env={"PYTHONPATH": str(REPO), **os.environ, **(env or {})})
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -384,3 +384,63 @@ def test_a_full_disk_leaves_reports_and_records_whole_or_absent_and_exits_2(tmp_
     # Through the CLI: one clear line, exit 2.
     line = one_error_line(cli("report", str(run)))
     assert "no space left on the device" in line, line
+
+
+def test_ray_failing_to_start_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    ray = pytest.importorskip("ray")
+    from harness import checkpoints
+    from harness import cli as cli_module
+
+    def init_fails(*args, **kwargs):
+        raise ConnectionError("Could not connect to the GCS at 127.0.0.1:6379")
+
+    monkeypatch.setattr(ray, "init", init_fails)
+    code = cli_module.main(["run", "--model", str(checkpoints.tiny_qwen3()), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("refit-harness: error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "Ray did not start (local): ConnectionError: Could not connect to the GCS" in lines[0]
+    assert "Traceback" in (tmp_path / "o" / "harness.log").read_text()
+
+
+def test_reference_failing_to_start_cancels_the_arms_not_started(tmp_path, monkeypatch):
+    import harness.engine.runner as runner
+    from harness import checkpoints
+    from harness.pipeline import execute
+    from harness.spec import RunSpec
+
+    started = []
+
+    def reference_cannot_start(arm, out, env, key=""):
+        started.append(arm.name)
+        return runner.store_error(arm, out, "RuntimeError: Engine core initialization failed", key)
+
+    monkeypatch.setattr(runner, "run_arm", reference_cannot_start)
+    spec = RunSpec(model=str(checkpoints.tiny_qwen3()), paths=("reload_weights", "http_reload"))
+    ev = execute(spec, tmp_path, lambda message: None, fan=None)
+    assert started == ["reference"]
+    arms = {a.arm: a for a in ev.arms}
+    for name in ("noise", "subject-reload_weights", "subject-http_reload"):
+        assert arms[name].error.startswith("cancelled: the reference arm (cold B) failed to start"), arms[name]
+    assert {v.status for v in ev.verdicts} == {VerdictStatus.ERROR}
+
+
+def test_weight_copies_left_by_a_killed_arm_are_swept_on_start(tmp_path):
+    from harness import checkpoints
+    from harness.pipeline import prepare
+    from harness.spec import RunSpec
+
+    leftover = tmp_path / "scratch" / "subject-sharded_state" / "sharded-state-x" / "1-B"
+    leftover.mkdir(parents=True)
+    (leftover / "model-rank-0-part-0.safetensors").write_bytes(b"\0" * 1024)
+    prepare(RunSpec(model=str(checkpoints.tiny_qwen3())), tmp_path, lambda message: None)
+    assert not (tmp_path / "scratch").exists()
+
+
+def test_weight_copies_go_under_the_arms_scratch_directory(tmp_path, monkeypatch):
+    from harness.paths.base import scratch_root
+
+    monkeypatch.delenv("REFIT_HARNESS_SCRATCH", raising=False)
+    assert scratch_root() is None
+    monkeypatch.setenv("REFIT_HARNESS_SCRATCH", str(tmp_path / "scratch" / "arm"))
+    assert scratch_root() == str(tmp_path / "scratch" / "arm") and (tmp_path / "scratch" / "arm").is_dir()
