@@ -175,12 +175,7 @@ def write_streamed(source: str | Path, dest: Path, transform: Callable[[str, obj
     from safetensors import safe_open
 
     files = weight_files(source)
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in Path(source).iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors"):
-            shutil.copy2(f, tmp / f.name)
+    tmp = _staging_copy(source, dest)
     layout = {}  # name -> (source handle, output file, absolute offset, byte size)
     with ExitStack() as stack:
         for f in files:
@@ -227,6 +222,18 @@ def vocab_size(directory: str | Path) -> int | None:
     return int(size) if size else None
 
 
+def _staging_copy(source: str | Path, dest: Path) -> Path:
+    """A fresh ``<dest>.tmp`` holding ``source``'s non-weight files (config, tokenizer, index);
+    renamed to ``dest`` once its weights are written, so a half-written one never looks complete."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in Path(source).iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors"):
+            shutil.copy2(f, tmp / f.name)
+    return tmp
+
+
 def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -> Path:
     """``source`` with one tensor left out: the checkpoint a refit that skips it would read.
     The other tensors' bytes are copied as they are, in chunks (no torch, no whole tensor)."""
@@ -234,12 +241,7 @@ def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -
     dest = cache / "derived" / f"{Path(source).name}-without-{key}"
     if _complete(dest):
         return dest
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in Path(source).iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors"):
-            shutil.copy2(f, tmp / f.name)
+    tmp = _staging_copy(source, dest)
     index = tmp / "model.safetensors.index.json"
     if index.is_file():
         content = json.loads(index.read_text())

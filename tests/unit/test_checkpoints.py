@@ -68,3 +68,34 @@ def test_tiny_qwen3_is_deterministic_and_norms_are_not_ones(tmp_path):
     assert json.loads((d1 / "config.json").read_text())["head_dim"] == 32
     fixture = checkpoints.tiny_qwen3(seed=0, architecture="StaleQKNormQwen3ForCausalLM", cache=tmp_path / "x")
     assert json.loads((fixture / "config.json").read_text())["architectures"] == ["StaleQKNormQwen3ForCausalLM"]
+
+
+def test_b_without_one_tensor_keeps_every_other_tensor_bit_for_bit(tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from harness.checkpoints import without_tensor
+
+    src = tmp_path / "b"
+    src.mkdir()
+    (src / "config.json").write_text('{"vocab_size": 8}')
+    first = {"a.weight": torch.randn(3, 5), "norm.weight": torch.randn(7)}
+    second = {"c.bias": torch.arange(4, dtype=torch.int64), "d.weight": torch.randn(2, 2).to(torch.bfloat16)}
+    save_file(first, str(src / "model-00001-of-00002.safetensors"))
+    save_file(second, str(src / "model-00002-of-00002.safetensors"))
+    weight_map = {**dict.fromkeys(first, "model-00001-of-00002.safetensors"),
+                  **dict.fromkeys(second, "model-00002-of-00002.safetensors")}
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    out = without_tensor(src, "norm.weight", cache=tmp_path / "cache")
+    kept = {**load_file(str(out / "model-00001-of-00002.safetensors")),
+            **load_file(str(out / "model-00002-of-00002.safetensors"))}
+    assert sorted(kept) == ["a.weight", "c.bias", "d.weight"]
+    for name, t in {**first, **second}.items():
+        if name != "norm.weight":
+            assert kept[name].dtype == t.dtype and torch.equal(kept[name], t), name
+    assert "norm.weight" not in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert (out / "config.json").read_text() == '{"vocab_size": 8}'
+    assert without_tensor(src, "norm.weight", cache=tmp_path / "cache") == out  # cached
