@@ -209,7 +209,8 @@ class TimingRow:
     band: float | None
     """|base2 - base|: the run-to-run spread."""
     outcome: str
-    """``no measurable difference`` (|delta| <= band), ``slower``, ``faster`` or ``not measured``."""
+    """``no measurable difference`` (|delta| <= band), ``slower``, ``faster``, ``not measured``, or
+    ``not comparable (machine loaded)`` when beyond the band on a machine with more load than CPUs."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +306,12 @@ def compare_builds(base: Evaluation, pr: Evaluation, base2: Evaluation | None = 
     if base.record.spec.engine != pr.record.spec.engine:
         notes.append("base and pr ran with different engine settings: "
                      f"{base.record.spec.engine} vs {pr.record.spec.engine}")
+    loads = {label: load for label, ev in (("base", base), ("pr", pr), ("base2", base2)) if (load := machine_load(ev))}
+    if any(v > 1.0 for v in loads.values()):
+        notes.append("the machine was loaded while arms ran (1-minute load average per CPU: "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in loads.items())
+                     + "): wall times and throughput outside the floor are reported as not comparable, not as a "
+                       "gain or loss")
     if base2 is None:
         notes.append("no base2 run (--noise): the floor is the cold-vs-cold noise inside base only, so run-to-run "
                       "differences (timings, verdict flakiness) cannot be told from real ones")
@@ -490,10 +497,13 @@ def value_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tu
 def layer_changes(base: Evaluation, pr: Evaluation, base2: Evaluation | None
                   ) -> tuple[tuple[str, float, float | None], ...]:
     """Per layer, the largest relative change of a tensor's largest |value|, pr vs base and
-    base2 vs base, over tensors present in both (cold B)."""
+    base2 vs base, over tensors present in both (cold B). Tensors on which two cold starts
+    inside a run already disagree (opaque kernel handles) carry no information and are left out."""
     b, p, b2 = _cold(base), _cold(pr), _cold(base2)
     if b is None or p is None:
         return ()
+    noisy = (_differing(_cold(base, "noise"), b) | _differing(_cold(pr, "noise"), p)
+             | _differing(_cold(base2, "noise"), b2))
 
     def per_layer(other: Observation | None) -> dict[str, float]:
         if other is None:
@@ -502,13 +512,11 @@ def layer_changes(base: Evaluation, pr: Evaluation, base2: Evaluation | None
         out: dict[str, float] = {}
         for t in b.tensors:
             o = ot.get(t.name)
-            if o is None or o.digest == t.digest:
-                change = 0.0 if o is not None else None
-            else:
-                change = _rel(t.absmax, o.absmax)
-            if change is not None:
-                layer = layer_of(t.name)
-                out[layer] = max(out.get(layer, 0.0), change)
+            if o is None:
+                continue
+            change = 0.0 if o.digest == t.digest or t.name in noisy else _rel(t.absmax, o.absmax)
+            layer = layer_of(t.name)
+            out[layer] = max(out.get(layer, 0.0), change or 0.0)
         return out
 
     main, floor = per_layer(p), per_layer(b2)
@@ -557,6 +565,25 @@ def hook_rows(base: Evaluation, pr: Evaluation) -> tuple[HookRow, ...]:
     return tuple(sorted(rows, key=lambda r: r.outcome != "changed"))
 
 
+def machine_load(ev: Evaluation | None) -> float | None:
+    """Highest 1-minute load average per CPU an arm of the run recorded at its start (None in older records)."""
+    loads = []
+    for a in ev.arms if ev else ():
+        env = dict(a.environment)
+        try:
+            loads.append(float(env["load_average"]) / max(1, int(env.get("cpus", "1"))))
+        except (KeyError, ValueError):
+            continue
+    return max(loads) if loads else None
+
+
+def _loaded(*evs: Evaluation | None) -> bool:
+    return any((load or 0.0) > 1.0 for load in map(machine_load, evs))
+
+
+LOADED = "not comparable (machine loaded)"
+
+
 # --- timings -------------------------------------------------------------------------------
 
 def timing_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[TimingRow, ...]:
@@ -573,6 +600,8 @@ def timing_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> t
             outcome = "not measured" if delta is None else "no floor (no base2)"
         elif abs(delta) <= band:
             outcome = NO_DIFFERENCE
+        elif _loaded(base, pr, base2):
+            outcome = LOADED
         else:
             outcome = "slower" if delta > 0 else "faster"
         rows.append(TimingRow(arm=arm, base_seconds=sb, pr_seconds=sp, base2_seconds=s2, delta=delta, band=band,
@@ -594,6 +623,8 @@ def throughput_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) 
             outcome = "not measured"
         elif lo <= p.median <= hi:
             outcome = NO_DIFFERENCE
+        elif _loaded(base, pr, base2):
+            outcome = LOADED
         else:
             outcome = "slower" if p.median < lo else "faster"
         slower = ", ".join(label for label, q in (("base", b), ("base2", b2), ("pr", p)) if q and q.slower_than_cold)

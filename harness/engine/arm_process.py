@@ -98,7 +98,9 @@ def environment() -> tuple[tuple[str, str], ...]:
     facts = [("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),
              ("python", platform.python_version()), ("digest", DIGEST_ALGORITHM), ("python_executable", sys.executable),
              ("vllm_path", str(Path(vllm.__file__).parent)),
-             ("torch_git_sha", str(getattr(torch.version, "git_version", "") or ""))]
+             ("torch_git_sha", str(getattr(torch.version, "git_version", "") or "")),
+             # speed is comparable across runs only on an unloaded machine: say how loaded it was
+             ("load_average", f"{os.getloadavg()[0]:.2f}"), ("cpus", str(os.cpu_count() or 1))]
     try:  # setuptools-scm/vcs-versioning record the commit of a source build (None for PyPI wheels)
         from vllm import _version
 

@@ -202,7 +202,7 @@ def svg_timings(rows) -> Markup:
             if value is not None:
                 parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
                              f"<title>{value:.1f} s</title></circle>")
-    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>seconds (0..{top:.0f}) · base ● base2 ● pr ● · "
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>seconds (0..{top:.0f}) · base <tspan class='mark-base'>●</tspan> base2 <tspan class='mark-floor'>●</tspan> pr <tspan class='mark-pr'>●</tspan> · "
                  "band: base..base2</text></svg>")
     return Markup("".join(parts))
 
@@ -228,7 +228,7 @@ def svg_throughput(rows) -> Markup:
             if value is not None:
                 parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
                              f"<title>{value:.1f} tokens/s</title></circle>")
-    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>tokens/s (0..{top:.0f}) · base ● base2 ● pr ● · band: "
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>tokens/s (0..{top:.0f}) · base <tspan class='mark-base'>●</tspan> base2 <tspan class='mark-floor'>●</tspan> pr <tspan class='mark-pr'>●</tspan> · band: "
                  "base and base2 samples</text></svg>")
     return Markup("".join(parts))
 

@@ -174,3 +174,33 @@ def test_run_report_puts_deciding_rows_first_and_folds_noisy_ones(tmp_path):
     folded = section.index("<details>")
     assert section.index("<code>norm</code>") < folded < section.index("<code>w</code>")
     assert "NOISY" in section[folded:] and "STALE" in section[:folded]
+
+
+def test_layer_plot_leaves_out_tensors_two_cold_starts_disagree_on():
+    from tests.records import tensor as rec
+
+    def recs(w_absmax):
+        return [dataclasses.replace(rec("model.layers.0.w", f"w{w_absmax}"), absmax=w_absmax),
+                dataclasses.replace(rec("model.layers.1.h", "h"), absmax=1.0)]
+
+    noisy_base = evaluation(cold_b=recs(1.0), noise_b=recs(1.5))
+    assert dict((l, c) for l, c, _ in compare_builds(noisy_base, evaluation(cold_b=recs(2.0))).layer_change) == \
+        {"layer 0": 0.0, "layer 1": 0.0}
+    assert dict((l, c) for l, c, _ in compare_builds(evaluation(cold_b=recs(1.0)),
+                                                     evaluation(cold_b=recs(2.0))).layer_change) == \
+        {"layer 0": 1.0, "layer 1": 0.0}
+
+
+def test_speed_beyond_the_band_on_a_loaded_machine_is_not_a_gain_or_loss():
+    def loaded(ev, load):
+        extra = (("load_average", str(load)), ("cpus", "2"))
+        arms = tuple(dataclasses.replace(a, environment=a.environment + extra) for a in ev.arms)
+        return dataclasses.replace(ev, arms=arms)
+
+    quiet = compare_builds(loaded(evaluation(seconds=10), 0.5), loaded(evaluation(seconds=20), 0.5),
+                           loaded(evaluation(seconds=10.5), 0.5))
+    assert {r.arm: r.outcome for r in quiet.timings}["reference"] == "slower"
+    busy = compare_builds(loaded(evaluation(seconds=10), 9.0), loaded(evaluation(seconds=20), 0.5),
+                          loaded(evaluation(seconds=10.5), 0.5))
+    assert {r.arm: r.outcome for r in busy.timings}["reference"] == "not comparable (machine loaded)"
+    assert any("machine was loaded" in n for n in busy.notes)
