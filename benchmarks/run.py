@@ -365,9 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for name in args.names or list(BENCHMARKS):
         print(f"[bench] {name} ...", flush=True)
-        started = time.perf_counter()
+        started, load_before = time.perf_counter(), os.getloadavg()
         result = BENCHMARKS[name](args.repeats)
-        result = {"benchmark": name, "seconds": time.perf_counter() - started,
+        result = {"benchmark": name, "seconds": time.perf_counter() - started, "cpus": os.cpu_count(),
+                  "load_average_before_after": [load_before[0], os.getloadavg()[0]],
                   "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}
         (OUT / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
         rows += [tuple(r) for r in result["rows"]]

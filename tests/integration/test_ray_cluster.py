@@ -58,7 +58,9 @@ def two_node_cluster():
     head_tmp, worker_tmp, stage = root / "h", root / "w", root / "w-stage"
     port, client_port = _free_ports(2)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_USAGE_STATS_ENABLED="0",
+    # Ray 2.60's `ray start --head` turns token authentication on, but a joining node and
+    # the driver do not pick the token up: a private cluster on loopback goes without.
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     nodes = []
 
