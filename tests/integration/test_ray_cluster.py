@@ -60,7 +60,8 @@ def two_node_cluster():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # Ray 2.60's `ray start --head` turns token authentication on, but a joining node and
     # the driver do not pick the token up: a private cluster on loopback goes without.
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled",
+    # Under load the dashboard agent can take longer than the raylet waits for it (15 s).
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", RAY_agent_register_timeout_ms="120000",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     nodes = []
 
