@@ -27,6 +27,7 @@ from harness import checkpoints
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
+TRIES = 5
 
 
 def _free_ports(n: int) -> list[int]:
@@ -66,9 +67,11 @@ def two_node_cluster():
     nodes = []
 
     def start(args: list[str], log: Path, extra_env: dict[str, str]) -> None:
-        # `ray start` gives its raylet a fixed 30 s to register; on a loaded machine that can
-        # pass, and the node exits. Up to three tries, each in a process group of its own.
-        for attempt in range(3):
+        # `ray start` gives its raylet a fixed 30 s to register (node.py), and the raylet first
+        # waits for the node's dashboard agent, a Python process that can take longer than that
+        # to start on a loaded machine; the node then exits. So: a few tries, each in a process
+        # group of its own.
+        for attempt in range(TRIES):
             proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args],
                                     env={**env, **extra_env}, stdout=open(log, "a"), stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -79,7 +82,7 @@ def two_node_cluster():
                     return
                 time.sleep(0.5)
             _end(proc)
-        raise RuntimeError(f"Ray node did not come up in 3 tries; log: {log.read_text(errors='replace')[-3000:]}")
+        raise RuntimeError(f"Ray node did not come up in {TRIES} tries; log: {log.read_text(errors='replace')[-3000:]}")
 
     try:
         start(["--head", f"--port={port}", f"--ray-client-server-port={client_port}", f"--temp-dir={head_tmp}",
