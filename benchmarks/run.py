@@ -225,23 +225,27 @@ def bench_harness_vs_bare(repeats: int) -> dict:
     from harness.plan import make_plan
     from harness.spec import RunSpec
 
-    model = str(checkpoints.tiny_qwen3())
+    # A cache of its own: the first run is sure to miss the reference cache, and stores the
+    # entry the repeated runs reuse.
+    work = Path(tempfile.mkdtemp(prefix="refit-bench-a-"))
+    cache = work / "cache"
+    model = str(checkpoints.tiny_qwen3(cache=cache))
     spec = RunSpec(model=model)
-    cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control)
+    cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control, cache=cache)
     cls = PATHS.get("reload_weights")
     plan = make_plan(spec, cs, {"reload_weights": (cls.requirements, cls.refit_targets)}, {})
     env = pipeline.arm_env(plan, spec, FanoutSpec())  # the bare engines get the harness's thread placement
     dirs = {"A": cs.a, "B": cs.b, "B_control": cs.b_control}
-    work = Path(tempfile.mkdtemp(prefix="refit-bench-a-"))
     args = ["--model", model, "--paths", "reload_weights"]
+    cache_env = {"REFIT_HARNESS_CACHE": str(cache)}
     first, repeated, bare = [], [], []
-    harness_run(args + ["--reuse-reference"], work / "prime")  # the cache entry the repeated runs reuse
     for i in range(repeats):  # interleaved triples
         bare.append(run_all(dirs, env))
-        run = harness_run(args + ["--no-reuse-reference"], work / f"first{i}")
-        assert run["exit_code"] == 0, run["output"]
+        run = harness_run(args + ["--reuse-reference" if i == 0 else "--no-reuse-reference"], work / f"first{i}",
+                          cache_env)
+        assert run["exit_code"] == 0 and not run["summary"]["reference"]["reused"], run["output"]
         first.append(run["seconds"])
-        run = harness_run(args + ["--reuse-reference"], work / f"repeated{i}")
+        run = harness_run(args + ["--reuse-reference"], work / f"repeated{i}", cache_env)
         assert run["exit_code"] == 0 and run["summary"]["reference"]["reused"], run["output"]
         repeated.append(run["seconds"])
     shutil.rmtree(work, ignore_errors=True)

@@ -172,6 +172,23 @@ def stage_on_this_node(cs, staged: dict):
     return replace(cs, **moved)
 
 
+def start_local_ray(tries: int = 3) -> None:
+    """A Ray of this run's own. ``ray.init`` gives its raylet a fixed 30 s to register, which a
+    loaded machine can miss ("The current node timed out during startup", seen here at a load
+    average of 20 on 2 cores); it is tried again before the run fails."""
+    import ray
+
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                     object_store_memory=256 << 20)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            ray.shutdown()
+            if attempt == tries or "timed out during startup" not in str(exc):
+                raise
+
+
 def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Callable[[ArmPlan], None],
              env: dict[str, str]) -> Iterator[tuple[ArmPlan, ArmResult]]:
     """Yield (arm, result) as arms finish; every result is on disk before it is yielded.
@@ -186,8 +203,7 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
         if fan.address:
             ray.init(address=fan.address, log_to_driver=False)
         else:
-            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                     object_store_memory=256 << 20)
+            start_local_ray()
     try:
         stage = fan.address is not None if fan.stage_checkpoints is None else fan.stage_checkpoints
         staged = None
