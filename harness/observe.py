@@ -80,8 +80,9 @@ def _host_chunks(data: torch.Tensor, nbytes: int) -> Iterator[memoryview]:
 
 
 def _bytes_view(data: torch.Tensor) -> memoryview:
-    # Through uint8, because numpy has no bfloat16/float8; reshape of a contiguous tensor is a view.
-    return memoryview(data.reshape(-1).view(torch.uint8).numpy())
+    # Through uint8, because numpy has no bfloat16/float8. A C-contiguous n-d buffer hashes
+    # as its flat bytes; only a 0-d tensor needs a dimension to be viewed as bytes.
+    return memoryview((data if data.dim() else data.reshape(1)).view(torch.uint8).numpy())
 
 
 def nan_count(t: torch.Tensor) -> int:

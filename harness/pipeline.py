@@ -237,6 +237,7 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
         if kept == "ok":
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
         elif arm.name in record.plan.reused:
+            arm_files(out, arm)[1].parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(reference.cache_dir(record.reference_key, checkpoints.DEFAULT_CACHE)
                             / f"{arm.role}.result.json", arm_files(out, arm)[1])
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: reused reference {record.reference_key}")

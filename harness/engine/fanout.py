@@ -77,19 +77,21 @@ def local_ray_options() -> dict:
     return {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": False}
 
 
-def start_local_ray(ray) -> None:
-    """A local Ray for this run. Ray waits a fixed 30 s for its raylet to register
-    (``node.py``); on a loaded machine (seen here at load 20 on 2 cores) the raylet can take
-    longer and the start fails. One more try costs nothing when the first one works."""
+def start_local_ray(ray, tries: int = 3) -> None:
+    """A local Ray of this run's own (``local_ray_options``). Ray waits a fixed 30 s for its
+    raylet to register (``node.py``); on a loaded machine (seen here at load 20 on 2 cores)
+    the raylet can take longer and the start fails ("The current node timed out during
+    startup"), so it is tried again before the run fails."""
     options = dict(num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20,
                    **local_ray_options())
-    try:
-        ray.init(**options)
-    except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
-        if "timed out during startup" not in str(exc):
-            raise
-        ray.shutdown()
-        ray.init(**options)
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(**options)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
+            ray.shutdown()
+            if attempt == tries or "timed out during startup" not in str(exc):
+                raise
 
 
 def check_ray_address(address: str | None, allow_remote: bool) -> None:

@@ -27,6 +27,7 @@ from harness import checkpoints
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
+TRIES = 5
 
 
 def _free_ports(n: int) -> list[int]:
@@ -58,38 +59,43 @@ def two_node_cluster():
     head_tmp, worker_tmp, stage = root / "h", root / "w", root / "w-stage"
     port, client_port = _free_ports(2)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_USAGE_STATS_ENABLED="0",
+    # Ray 2.60's `ray start --head` turns token authentication on, but a joining node and
+    # the driver do not pick the token up: a private cluster on loopback goes without.
+    # Under load the dashboard agent can take longer than the raylet waits for it (15 s).
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", RAY_agent_register_timeout_ms="120000",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     nodes = []
 
-    def start(args: list[str], log: Path, extra_env: dict[str, str]) -> subprocess.Popen:
-        proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args], env={**env, **extra_env},
-                                stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-        nodes.append(proc)
-        return proc
+    def start(args: list[str], log: Path, extra_env: dict[str, str]) -> None:
+        # `ray start` gives its raylet a fixed 30 s to register (node.py), and the raylet first
+        # waits for the node's dashboard agent, a Python process that can take longer than that
+        # to start on a loaded machine; the node then exits. So: a few tries, each in a process
+        # group of its own.
+        for attempt in range(TRIES):
+            proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args],
+                                    env={**env, **extra_env}, stdout=open(log, "a"), stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            nodes.append(proc)
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and proc.poll() is None:
+                if "Ray runtime started" in log.read_text(errors="replace"):
+                    return
+                time.sleep(0.5)
+            _end(proc)
+        raise RuntimeError(f"Ray node did not come up in {TRIES} tries; log: {log.read_text(errors='replace')[-3000:]}")
 
     try:
         start(["--head", f"--port={port}", f"--ray-client-server-port={client_port}", f"--temp-dir={head_tmp}",
-               "--num-cpus=0", "--include-dashboard=false", f"--object-store-memory={512 << 20}", *_node_ports()], root / "head.log", {})
+               "--num-cpus=0", "--include-dashboard=false", f"--object-store-memory={512 << 20}", *_node_ports()],
+              root / "head.log", {})
         address = f"127.0.0.1:{port}"
-        _wait_for(lambda: (head_tmp / "ray_current_cluster").exists(), 120, root / "head.log")
         start([f"--address={address}", f"--temp-dir={worker_tmp}", "--num-cpus=2",
-               '--resources={"refit_worker": 2}', f"--memory={12 << 30}", f"--object-store-memory={512 << 20}", *_node_ports()], root / "worker.log",
-              {"REFIT_HARNESS_STAGE_DIR": str(stage)})
-        _wait_for(lambda: any(worker_tmp.glob("session_*/logs/raylet.out")), 120, root / "worker.log")
+               '--resources={"refit_worker": 2}', f"--memory={12 << 30}", f"--object-store-memory={512 << 20}",
+               *_node_ports()], root / "worker.log", {"REFIT_HARNESS_STAGE_DIR": str(stage)})
         yield {"address": address, "stage": stage, "env": env, "root": root}
     finally:
-        for proc in nodes:  # exactly the process groups this fixture started
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in nodes:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for proc in reversed(nodes):  # exactly the process groups this fixture started
+            _end(proc)
         # Ray daemons that left the group still name our temp dirs on their command line.
         deadline = time.monotonic() + 20
         while (left := _our_processes(str(root))) and time.monotonic() < deadline:
@@ -103,12 +109,18 @@ def two_node_cluster():
         assert not left, f"Ray processes of the test cluster outlived it: {left}"
 
 
-def _wait_for(condition, seconds: float, log: Path) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"Ray node did not come up; log: {log.read_text()[-2000:]}")
-        time.sleep(0.5)
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM the node's process group (ray start stops its daemons), SIGKILL after 20 s."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def test_arms_run_on_a_second_node_and_return_through_the_object_store(two_node_cluster, tmp_path):

@@ -85,6 +85,9 @@ def test_digest_is_blake3_of_the_row_major_bytes_for_every_layout_and_chunking(m
     assert tensor_digest(t[::2]) != tensor_digest(t[:32])  # a strided view hashes the values it shows
     assert tensor_digest(torch.tensor(3.0)) != tensor_digest(torch.tensor(4.0))
     assert tensor_digest(torch.empty(0)) == blake3.blake3(b"").hexdigest(length=16)
+    assert tensor_digest(torch.tensor(3.0)) == blake3.blake3(torch.tensor([3.0]).numpy().tobytes()).hexdigest(length=16)
+    mask = torch.tensor([[True, False], [False, True]])
+    assert tensor_digest(mask) == blake3.blake3(bytes([1, 0, 0, 1])).hexdigest(length=16)
 
 
 def test_digest_reads_a_contiguous_tensor_in_place(monkeypatch):
@@ -92,8 +95,8 @@ def test_digest_reads_a_contiguous_tensor_in_place(monkeypatch):
 
     t = torch.ones(1024, 1024)
     seen = []
-    monkeypatch.setattr(observe, "_bytes_view", lambda d: seen.append(d.data_ptr()) or memoryview(
-        d.reshape(-1).view(torch.uint8).numpy()))
+    real = observe._bytes_view
+    monkeypatch.setattr(observe, "_bytes_view", lambda d: seen.append(d.data_ptr()) or real(d))
     tensor_digest(t)
     assert seen == [t.data_ptr()]  # the tensor's own memory, no copy
 
