@@ -177,7 +177,10 @@ def evaluate(out: Path) -> Evaluation:
                          if s.action == "observe" and s.argument.startswith(f"{path}/"))
         ref_arm = next(a for a in record.plan.arms if a.role == "reference")
         same_mode = (arm.requirements.mode or arm.engine.mode) == (ref_arm.requirements.mode or ref_arm.engine.mode)
-        c = compare_path(path, subject, reference, noise, record.checkpoints.control_tensor,
+        # The control is localized under the model's own name for it (vLLM may rename it on load).
+        renamed = dict(next((o.model.weight_names for o in subject.observations), ()))
+        control = renamed.get(record.checkpoints.control_tensor, record.checkpoints.control_tensor)
+        c = compare_path(path, subject, reference, noise, control,
                          record.spec.judge.logprob_atol, expected, same_mode=same_mode,
                          same_engine=not arm.requirements.restarts)
         comparisons.append(c)

@@ -125,3 +125,18 @@ def test_a_tensor_that_cannot_be_digested_is_unobserved():
     assert isinstance(ok, dict) and ok["digest"] == tensor_digest(torch.ones(2))
     bad = observe_entry(CensusEntry("odd", "attribute", torch.ones(2).as_subclass(NoStorage)))
     assert isinstance(bad, Unobserved) and bad.reason == "RuntimeError: no storage here"
+
+
+def test_checkpoint_names_are_mapped_with_vllms_own_weights_mapper():
+    from harness.engine.worker_ext import _vllm_names
+
+    class Mapper:  # vLLM's WeightsMapper(orig_to_new_prefix={"backbone": "model", "mtp": None})
+        def map_name(self, key):
+            return None if key.startswith("mtp") else key.replace("backbone", "model", 1)
+
+    class NemotronLike(nn.Module):
+        hf_to_vllm_mapper = Mapper()
+
+    names = ["backbone.layers.0.norm.weight", "lm_head.weight", "mtp.x"]
+    assert _vllm_names(NemotronLike(), names) == {"backbone.layers.0.norm.weight": "model.layers.0.norm.weight"}
+    assert _vllm_names(nn.Linear(1, 1), names) == {}  # no mapper: names stay as they are
