@@ -331,6 +331,9 @@ def evaluate(out: Path) -> Evaluation:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
             continue
         cls = PATHS.get(path)
+        # The control is localized under the model's own name for it (vLLM may rename it on load).
+        renamed = dict(next((o.model.weight_names for o in subject.observations), ()))
+        control = renamed.get(record.checkpoints.control_tensor, record.checkpoints.control_tensor)
         env = dict(subject.environment)
         device = env.get("device", "cpu")
         architecture = next((o.model.architecture for o in subject.observations), None)
@@ -344,8 +347,7 @@ def evaluate(out: Path) -> Evaluation:
         order = arm.paths + (tuple(sabotaged_twin(p) for p in arm.paths) if record.spec.sabotage else ())
 
         def compared(owner: str):
-            return compare_path(owner, charged_to_segment(subject, owner, order), reference, noise,
-                                record.checkpoints.control_tensor,
+            return compare_path(owner, charged_to_segment(subject, owner, order), reference, noise, control,
                                 record.spec.judge.logprob_atol, _labels(arm, owner), same_mode=same_mode,
                                 same_engine=not arm.requirements.restarts)
 
@@ -358,8 +360,7 @@ def evaluate(out: Path) -> Evaluation:
             twin = compared(sabotaged_twin(path))
             comparisons.append(twin)
             outcome = judge_sabotage(twin, judge(twin, record.spec.judge, fail_on_rebound), cls.sabotage,
-                                     cls.sabotage_evidence, record.checkpoints.control_tensor,
-                                     _packed_mapping(subject))
+                                     cls.sabotage_evidence, control, _packed_mapping(subject))
             verdict = with_sabotage(verdict, outcome)
         verdicts.append(verdict)
     return Evaluation(record=record, arms=tuple(results.values()), comparisons=tuple(comparisons),

@@ -125,6 +125,10 @@ class ModelInfo:
     (``qkv_proj`` <- ``q_proj, k_proj, v_proj``); used to localize the positive control."""
     world_size: int
     """Number of ranks observed."""
+    weight_names: tuple[tuple[str, str], ...] = ()
+    """Checkpoint name -> the model's own name, for the checkpoint names the comparison
+    needs (the control tensor) that vLLM's weights mapper renames (``backbone.`` ->
+    ``model.`` on NemotronH); names it keeps are absent. Older records: none."""
 
 
 @dataclass(frozen=True)

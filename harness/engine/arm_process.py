@@ -24,7 +24,7 @@ from harness.spec import PromptSpec
 
 
 def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
-    per_rank = engine.rpc("refit_harness_census")
+    per_rank = engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})
     multi = len(per_rank) > 1
     tensors = tuple(
         TensorRecord(
@@ -39,6 +39,7 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
         architecture=first["architecture"],
         packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(first["packed_modules_mapping"].items())),
         world_size=len(per_rank),
+        weight_names=tuple(sorted(first.get("weight_names", {}).items())),
     )
     hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"], owner=h.get("owner", ""))
                   for h in first["hooks"])

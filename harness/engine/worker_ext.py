@@ -55,7 +55,9 @@ class RefitObserver:
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
 
-    def refit_harness_census(self) -> dict[str, Any]:
+    def refit_harness_census(self, checkpoint_names: list[str] | None = None) -> dict[str, Any]:
+        """The census; ``checkpoint_names`` are also mapped to the model's own names with
+        vLLM's ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``)."""
         model = self.model_runner.get_model()
         self._refit_harness_watch_hooks(model)
         records, unobserved = [], []
@@ -79,6 +81,7 @@ class RefitObserver:
             "packed_modules_mapping": {k: list(v) for k, v in dict(packed).items()},
             "hooks": [{"module": m, "kind": k, "calls": n, "owner": self._refit_harness_hook_owners.get((m, k), "")}
                       for (m, k), n in sorted(self._refit_harness_hook_calls.items())],
+            "weight_names": _vllm_names(model, checkpoint_names or []),
         }
 
     # ---- kernel-input recorder -------------------------------------------------------
@@ -157,3 +160,18 @@ class RefitObserver:
                 if t is not None and t.numel() > 0:
                     ptrs.add(t.untyped_storage().data_ptr())
         return frozenset(ptrs)
+
+
+def _vllm_names(model, names: list[str]) -> dict[str, str]:
+    """Checkpoint name -> the name vLLM loads it as, where its weights mapper renames it."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    map_name = getattr(mapper, "map_name", None) or getattr(mapper, "_map_name", None)
+    out = {}
+    for name in names:
+        try:
+            mapped = map_name(name) if map_name else name
+        except Exception:  # noqa: BLE001 - a mapper we cannot call leaves the name as it is
+            mapped = name
+        if mapped and mapped != name:
+            out[name] = mapped
+    return out

@@ -35,7 +35,9 @@ Measured: vLLM {vllm}, torch {torch}, {device}, dtype {dtype}, model class {arch
 Verdict there: {verdict}. {reason}
 
 Usage: python repro.py [A_DIR B_DIR]   (defaults: the checkpoints of the original run)
-Exit code: 1 when the token lists differ, 0 when they are identical.
+Exit code: 1 when the token lists differ, or when the logprobs of the generated tokens differ
+by more than LOGPROB_TOLERANCE (the harness's tolerance plus the difference measured between
+two cold starts); 0 otherwise.
 """
 
 import gc
@@ -48,31 +50,38 @@ B = {b!r}
 PROMPTS = {prompts!r}
 ENGINE = {engine!r}
 MAX_TOKENS = {max_tokens}
+LOGPROB_TOLERANCE = {tolerance!r}
 
 
 def greedy(llm):
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, detokenize=False)
+    """Greedy token ids per prompt, and the logprob of each generated token."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, detokenize=False, logprobs=1)
     outputs = llm.generate([{{"prompt_token_ids": p}} for p in PROMPTS], params)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    logprobs = [[pos[t].logprob for t, pos in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs]
+    return tokens, logprobs
 
 
 def main():
     a, b = (sys.argv[1], sys.argv[2]) if len(sys.argv) == 3 else (A, B)
     llm = LLM(model=b, **{cold_engine})
-    cold = greedy(llm)
+    cold, cold_lp = greedy(llm)
     del llm
     gc.collect()
 
     llm = LLM(model=a, **{warm_engine})
     {refit}
-    warm = greedy(llm)
+    warm, warm_lp = greedy(llm)
 
     differ = 0
     for i, (c, w) in enumerate(zip(cold, warm)):
         first = next((j for j, (x, y) in enumerate(zip(c, w)) if x != y), None)
-        differ += first is not None
+        # Logprobs are comparable up to the first differing token only.
+        shift = max((abs(x - y) for x, y in zip(cold_lp[i][:first], warm_lp[i][:first])), default=0.0)
+        differ += first is not None or shift > LOGPROB_TOLERANCE
         print(f"prompt {{i}}: cold B          {{c}}")
-        print(f"prompt {{i}}: A + refit to B  {{w}}" + ("" if first is None else f"   <- differs at token {{first}}"))
+        print(f"prompt {{i}}: A + refit to B  {{w}}" + ("" if first is None else f"   <- differs at token {{first}}")
+              + (f"   logprobs differ by {{shift:.3g}}" if shift > LOGPROB_TOLERANCE else ""))
     print(f"{{differ}} of {{len(PROMPTS)}} prompt(s) differ" if differ else "identical: not reproduced")
     return 1 if differ else 0
 
@@ -122,9 +131,17 @@ def repro_script(ev: Evaluation) -> str | None:
         dtype=e.dtype, architecture=architecture, verdict=verdict.status.value,
         reason=_wrap(f"{reason} Known as: {title}" if verdict.status is VerdictStatus.XFAIL else reason),
         a=record.checkpoints.a, b=record.checkpoints.b, prompts=[list(p) for p in record.spec.prompts.token_ids],
-        engine=engine, max_tokens=record.spec.prompts.max_tokens,
+        engine=engine, max_tokens=record.spec.prompts.max_tokens, tolerance=_tolerance(ev, verdict.path),
         cold_engine="ENGINE", warm_engine=f"{{**ENGINE, **{extra!r}}}" if extra else "ENGINE",
         refit=refit)
+
+
+def _tolerance(ev: Evaluation, path: str) -> float:
+    """The harness's logprob tolerance plus the largest difference between two cold starts."""
+    comparison = next((c for c in ev.comparisons if c.path == path), None)
+    noise = max((d.max_logprob_diff for d in comparison.tokens if d.check == "noise"), default=0.0) \
+        if comparison else 0.0
+    return round(ev.record.spec.judge.logprob_atol + noise, 6)
 
 
 def _wrap(text: str, width: int = 92) -> str:

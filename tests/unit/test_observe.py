@@ -1,5 +1,6 @@
 import functools
 
+import pytest
 import torch
 from torch import nn
 
@@ -111,3 +112,61 @@ def test_kernel_probe_sees_weights_only_the_kernel_holds():
         model[0].packed.mul_(1.01)  # the weight the kernel reads, not a registered parameter
     after = {e.name: tensor_digest(e.tensor) for e in probe_linear_kernels(model)}
     assert after != before
+
+
+class NoKernelMethod:
+    """Like vLLM's CPU unquantized method on an SSM projection: apply needs ``layer.cpu_linear``."""
+
+    def apply(self, layer, x, bias=None):
+        return layer.cpu_linear(x, layer.weight, bias)
+
+
+class SSMProjection(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+        self.quant_method = NoKernelMethod()
+        self.input_size_per_partition = 4
+        self.params_dtype = torch.float32
+
+
+def test_a_kernel_that_cannot_be_probed_is_unobserved_and_the_probe_goes_on():
+    from harness.observe import Unobserved
+
+    model = nn.Sequential(SSMProjection(), Hidden())
+    unobserved: list[Unobserved] = []
+    entries = probe_linear_kernels(model, unobserved)
+    assert [e.name for e in entries] == ["1.<kernel-output>"]  # the layer after it is still probed
+    assert len(unobserved) == 1 and unobserved[0].name == "0.<kernel-output>" and unobserved[0].kind == "kernel"
+    assert unobserved[0].reason.startswith("AttributeError: ") and "cpu_linear" in unobserved[0].reason
+    with pytest.raises(AttributeError):  # without a list to report into, nothing is hidden either: just skipped
+        NoKernelMethod().apply(model[0], torch.zeros(1, 4))
+    assert [e.name for e in probe_linear_kernels(model)] == ["1.<kernel-output>"]
+
+
+def test_a_tensor_that_cannot_be_digested_is_unobserved():
+    from harness.observe import CensusEntry, Unobserved, observe_entry
+
+    class NoStorage(torch.Tensor):
+        def data_ptr(self):
+            raise RuntimeError("no storage here")
+
+    ok = observe_entry(CensusEntry("w", "parameter", torch.ones(2)))
+    assert isinstance(ok, dict) and ok["digest"] == tensor_digest(torch.ones(2))
+    bad = observe_entry(CensusEntry("odd", "attribute", torch.ones(2).as_subclass(NoStorage)))
+    assert isinstance(bad, Unobserved) and bad.reason == "RuntimeError: no storage here"
+
+
+def test_checkpoint_names_are_mapped_with_vllms_own_weights_mapper():
+    from harness.engine.worker_ext import _vllm_names
+
+    class Mapper:  # vLLM's WeightsMapper(orig_to_new_prefix={"backbone": "model", "mtp": None})
+        def map_name(self, key):
+            return None if key.startswith("mtp") else key.replace("backbone", "model", 1)
+
+    class NemotronLike(nn.Module):
+        hf_to_vllm_mapper = Mapper()
+
+    names = ["backbone.layers.0.norm.weight", "lm_head.weight", "mtp.x"]
+    assert _vllm_names(NemotronLike(), names) == {"backbone.layers.0.norm.weight": "model.layers.0.norm.weight"}
+    assert _vllm_names(nn.Linear(1, 1), names) == {}  # no mapper: names stay as they are

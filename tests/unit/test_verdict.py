@@ -145,3 +145,12 @@ def test_known_issue_is_picked_by_the_recorded_device():
     assert kernel_format.known_issue("cpu (x86_64)").tensor_kinds == ("kernel",)
     assert kernel_format.known_issue("NVIDIA H100 80GB HBM3") is None
     assert PATHS.get("reload_weights").known_issue("cpu (x86_64)") is None
+
+
+def test_a_name_scoped_known_issue_explains_only_tensors_matching_its_pattern():
+    experts = KnownIssue(device="cpu", reason="expert weights corrupted", tensor_kinds=("parameter",),
+                         tensor_pattern=r"^w$")  # "w" stands for an expert weight here
+    inside = known_verdict(stale(w="corrupt"), experts)
+    assert inside.status is VerdictStatus.XFAIL, inside.reasons
+    beyond = known_verdict(stale(w="corrupt", norm=A["norm"]), experts)  # a parameter outside the pattern
+    assert beyond.status is VerdictStatus.FAIL and "beyond this path's known issue" in beyond.reasons[-1]
