@@ -166,7 +166,7 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
     def started(_arm) -> None:
         threading.Thread(target=kill_our_actor_once_it_runs_the_arm, daemon=True).start()
 
-    results = list(run_arms([arm], tmp_path, FanoutSpec(max_concurrent=1), started))
+    results = list(run_arms([arm], tmp_path, FanoutSpec(max_concurrent=1), started, env={}))
     assert killed, "the actor was never seen running the arm"
     [(_, result)] = results
     assert result.status == "error" and result.error.startswith("the Ray actor running this arm died"), result.error
