@@ -118,6 +118,7 @@ def repro_script(ev: Evaluation) -> str | None:
     verdict = failed[0]
     extra, refit = REFITS[verdict.path]
     e = record.spec.engine
+    prompts = record.plan.arms[0].prompts  # as the arms ran them: resolved from the model's vocabulary
     engine = dict(skip_tokenizer_init=True, dtype=e.dtype, enforce_eager=e.mode == "eager",
                   kv_cache_memory_bytes=e.kv_cache_memory_bytes, max_model_len=e.max_model_len,
                   max_num_seqs=e.max_num_seqs, seed=e.seed, tensor_parallel_size=e.tensor_parallel_size)
@@ -130,8 +131,8 @@ def repro_script(ev: Evaluation) -> str | None:
         path=verdict.path, vllm=env.get("vllm", "?"), torch=env.get("torch", "?"), device=env.get("device", "?"),
         dtype=e.dtype, architecture=architecture, verdict=verdict.status.value,
         reason=_wrap(f"{reason} Known as: {title}" if verdict.status is VerdictStatus.XFAIL else reason),
-        a=record.checkpoints.a, b=record.checkpoints.b, prompts=[list(p) for p in record.spec.prompts.token_ids],
-        engine=engine, max_tokens=record.spec.prompts.max_tokens, tolerance=_tolerance(ev, verdict.path),
+        a=record.checkpoints.a, b=record.checkpoints.b, prompts=[list(p) for p in prompts.token_ids],
+        engine=engine, max_tokens=prompts.max_tokens, tolerance=_tolerance(ev, verdict.path),
         cold_engine="ENGINE", warm_engine=f"{{**ENGINE, **{extra!r}}}" if extra else "ENGINE",
         refit=refit)
 
