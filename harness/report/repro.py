@@ -36,7 +36,7 @@ Verdict there: {verdict}. {reason}
 
 Usage: python repro.py [A_DIR B_DIR]   (defaults: the checkpoints of the original run)
 Exit code: 1 when the token lists differ, or when the logprobs of the generated tokens differ
-by more than LOGPROB_TOLERANCE (the harness's tolerance plus the difference measured between
+by more than LOGPROB_TOLERANCE (refit-harness's tolerance plus the difference measured between
 two cold starts); 0 otherwise.
 """
 
