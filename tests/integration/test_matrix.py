@@ -42,7 +42,8 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harness.cli", "run", "--model", str(checkpoints.tiny_qwen3()),
-           "--paths", "reload_weights,dummy_start", "--out", str(out)]
+           "--paths", "reload_weights,dummy_start", "--out", str(out),
+           "--no-reuse-reference"]  # every arm measured here, so resume has all three to keep
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     victim_log = out / "arms" / "subject-dummy_start.log"
     killed = engine = None
@@ -64,7 +65,7 @@ def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     assert (out / "index.html").exists() and (out / "tensors.csv").exists()
     assert not _processes_mentioning(str(out)), "an engine of the run outlived it"
 
-    resumed = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--resume", str(out)],
+    resumed = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--resume", str(out), "--no-reuse-reference"],
                              capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     for arm in ("reference", "noise", "subject-reload_weights"):
