@@ -54,8 +54,8 @@ class InfrastructureError(RuntimeError):
     """Ray (or another piece of the machinery, not an engine) failed: exit 2."""
 
 
-def local_ray_options() -> dict:
-    """``ray.init`` arguments for a Ray that belongs to this run alone.
+def init_local_ray(ray, tries: int = 3, **options) -> None:
+    """``ray.init`` of a Ray that belongs to this run alone, listening on loopback only.
 
     - ``address="local"``: always start a new instance; a bare ``ray.init()`` would join a
       ``ray start`` cluster found on the machine (or in ``RAY_ADDRESS``).
@@ -64,34 +64,37 @@ def local_ray_options() -> dict:
       (``services.resolve_ip_for_localhost``), and the GCS, raylet and workers then listen on
       every interface (``::``); Ray keeps 127.0.0.1 only where it believes clusters are
       disabled (``ray_constants.ENABLE_RAY_CLUSTER``, from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``).
-      With both, every Ray server of the run listens on 127.0.0.1 only.
+      With both, every Ray server of the run listens on 127.0.0.1 only. The variable is set
+      only while Ray starts its daemons (they inherit it): left in our environment it would
+      make any later ``ray start --address`` from this process refuse to join a cluster.
     - Token authentication: Ray >= 2.52 has it, and the installed 2.60 turns it on for a new
       local cluster unless ``RAY_AUTH_MODE`` says otherwise (it logs "Token authentication is
       enabled"). Setting ``RAY_AUTH_MODE=token`` here, after ``import ray``, breaks the driver's
       own connection ("InvalidAuthToken": measured), so the default is left to Ray.
+    - Ray waits a fixed 30 s for its raylet to register (``node.py``); on a loaded machine
+      (seen here at load 20 on 2 cores) the raylet can take longer and the start fails ("The
+      current node timed out during startup"), so it is tried again before the run fails.
     """
     import ray._private.ray_constants as ray_constants
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # for Ray processes importing it afresh
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time by services.get_node_ip_address
-    return {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": False}
-
-
-def start_local_ray(ray, tries: int = 3) -> None:
-    """A local Ray of this run's own (``local_ray_options``). Ray waits a fixed 30 s for its
-    raylet to register (``node.py``); on a loaded machine (seen here at load 20 on 2 cores)
-    the raylet can take longer and the start fails ("The current node timed out during
-    startup"), so it is tried again before the run fails."""
-    options = dict(num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20,
-                   **local_ray_options())
-    for attempt in range(1, tries + 1):
-        try:
-            ray.init(**options)
-            return
-        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
-            ray.shutdown()
-            if attempt == tries or "timed out during startup" not in str(exc):
-                raise
+    options = {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": False, **options}
+    name, before = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    os.environ[name] = "0"
+    try:
+        for attempt in range(1, tries + 1):
+            try:
+                ray.init(**options)
+                return
+            except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
+                ray.shutdown()
+                if attempt == tries or "timed out during startup" not in str(exc):
+                    raise
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def check_ray_address(address: str | None, allow_remote: bool) -> None:
@@ -265,7 +268,8 @@ def run_arms(arms: list[ArmPlan], workdir: Path, fan: FanoutSpec, started: Calla
             if fan.address:
                 ray.init(address=fan.address, log_to_driver=False)
             else:
-                start_local_ray(ray)
+                init_local_ray(ray, num_cpus=os.cpu_count() or 1, log_to_driver=False,
+                               object_store_memory=256 << 20)
         except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) fired before ours was back
             from harness.interrupts import Interrupted
 

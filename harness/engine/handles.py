@@ -127,10 +127,10 @@ class RayEngine(Engine):
         from vllm import LLM
 
         if not ray.is_initialized():
-            from harness.engine.fanout import local_ray_options
+            from harness.engine.fanout import init_local_ray
 
-            ray.init(num_cpus=max(2, os.cpu_count() or 2), log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **local_ray_options())
+            init_local_ray(ray, num_cpus=max(2, os.cpu_count() or 2), log_to_driver=False,
+                           runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
         from harness.paths.base import cuda_available
         from harness.paths.weight_transfer import gpu_shares
 

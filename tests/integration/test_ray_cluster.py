@@ -58,7 +58,8 @@ def two_node_cluster():
     root = Path(tempfile.mkdtemp(prefix="rh-ray-", dir="/tmp"))
     head_tmp, worker_tmp, stage = root / "h", root / "w", root / "w-stage"
     port, client_port = _free_ports(2)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # Neither an address to join elsewhere nor a "clusters disabled" switch left by another test.
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     # Ray 2.60's `ray start --head` turns token authentication on, but a joining node and
     # the driver do not pick the token up: a private cluster on loopback goes without.
     # Under load the dashboard agent can take longer than the raylet waits for it (15 s).

@@ -48,3 +48,21 @@ def test_gloo_transfer_group_listens_on_loopback_only():
     for t in senders:
         t.join(timeout=60)
     assert torch.equal(sent, received)  # still a working group
+
+
+def test_local_ray_keeps_clusters_disabled_only_while_it_starts(monkeypatch):
+    """The switch that keeps Ray on loopback is inherited by Ray's daemons, and must not stay
+    in our environment: a later ``ray start --address`` from this process (a test's second
+    node) would refuse to join ("Multi-node Ray clusters are not supported")."""
+    ray = pytest.importorskip("ray")
+    import os
+
+    from harness.engine.fanout import init_local_ray
+
+    seen = []
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.setattr(ray, "init", lambda **options: seen.append(
+        (os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), options["_node_ip_address"], options["num_cpus"])))
+    init_local_ray(ray, num_cpus=1)
+    assert seen == [("0", "127.0.0.1", 1)]
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
