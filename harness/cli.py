@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                      help="model dtype of every engine (default: float32; with -s, the scenario's dtypes)")
     run.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
+    run.add_argument("--engine-core-process", action="store_true",
+                     help="run vLLM's engine core in its own process, as vLLM does by default (slower to "
+                          "start; default: inside the arm)")
     run.add_argument("--seed", type=int, default=PerturbSpec.seed, help="perturbation seed for B")
     run.add_argument("--arm-timeout", type=_positive_float, default=RunSpec.arm_timeout_s,
                      help="seconds per engine arm")
@@ -274,7 +277,8 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     else:
         model = args.model
     return RunSpec(model=model, target=args.target, paths=paths,
-                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp, dtype=args.dtype or "float32"),
+                   engine=EngineSpec(mode=args.mode, tensor_parallel_size=args.tp, dtype=args.dtype or "float32",
+                                     engine_core_process=args.engine_core_process),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
                    judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout, sabotage=args.sabotage,
                    throughput=_throughput(args.throughput))

@@ -203,7 +203,7 @@ class HTTPEngine(Engine):
                 cmd += [flag, str(value)]
         if arm.requirements.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
-        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")  # as users serve
         log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(log_dir / f"{arm.name}.server.log", "w")
         self.proc = None

@@ -50,6 +50,7 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     env = dict(os.environ, PYTHONUNBUFFERED="1", REFIT_HARNESS_SCRATCH=str(scratch.resolve()), **(extra_env or {}))
     # A named build: its interpreter, with the harness made importable there (see harness.builds).
     env.update(builds.build_env(arm.build))
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if arm.engine.engine_core_process else "0"
     python = arm.build.python if arm.build and arm.build.python else sys.executable
     try:
         with open(log_file, "w") as log:

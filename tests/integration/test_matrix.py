@@ -43,7 +43,8 @@ def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harness.cli", "run", "--model", str(checkpoints.tiny_qwen3()),
            "--paths", "reload_weights,dummy_start", "--out", str(out),
-           "--no-reuse-reference"]  # every arm measured here, so resume has all three to keep
+           "--no-reuse-reference",  # every arm measured here, so resume has all three to keep
+           "--engine-core-process"]  # a separate engine core to kill under a live arm
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     victim_log = out / "arms" / "subject-dummy_start.log"
     killed = engine = None
