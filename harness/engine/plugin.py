@@ -20,6 +20,7 @@ FIXTURE_ARCHITECTURES = {
     "RegistryQKNormQwen3ForCausalLM": "harness.fixtures.models:RegistryQKNormQwen3ForCausalLM",
     "InPlaceGainQwen3ForCausalLM": "harness.fixtures.models:InPlaceGainQwen3ForCausalLM",
     "DerivedGainQwen3ForCausalLM": "harness.fixtures.models:DerivedGainQwen3ForCausalLM",
+    "FaultyReloadQwen3ForCausalLM": "harness.fixtures.models:FaultyReloadQwen3ForCausalLM",
 }
 EXTRA_MODELS_ENV = "REFIT_HARNESS_MODELS"
 

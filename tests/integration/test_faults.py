@@ -176,3 +176,46 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
     while run_processes(marker=marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not run_processes(marker=marker), "the arm or its engine outlived the killed actor"
+
+
+FAULTY = "FaultyReloadQwen3ForCausalLM"
+
+
+def _faulty_run(out: Path, fault: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """A run on the fixture whose ``load_weights`` fails as ``fault`` says (``raise:N``/``hang:N``,
+    N counting the cold start as 1), with the run's own marker to find what it leaves behind."""
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, REFIT_HARNESS_PLANTED_FAULT=fault, **{RUN_MARKER: marker})
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--out", str(out), "--model",
+                           str(checkpoints.tiny_qwen3(architecture=FAULTY)), *args],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert not run_processes(marker=marker), "a process of the run outlived it"
+    assert (out / "index.html").is_file() and (out / "summary.md").is_file(), proc.stderr[-3000:]
+    return proc, json.loads((out / "summary.json").read_text())["paths"]
+
+
+def test_a_refit_raising_halfway_charges_its_segment_and_the_earlier_one_is_judged(tmp_path):
+    # Load calls: 1 cold start; 2-5 the reload_weights segment (B, B again, B', A); 6 the
+    # iterator segment's first refit, which loads half of B and raises.
+    proc, paths = _faulty_run(tmp_path / "raise", "raise:6", "--paths", "reload_weights,reload_weights_iterator")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert paths["reload_weights"]["verdict"] == "PASS", paths["reload_weights"]["reasons"]
+    failed = paths["reload_weights_iterator"]
+    assert failed["verdict"] == "ERROR", failed
+    error = " ".join(failed["reasons"])
+    assert "failed in segment reload_weights_iterator, step refit B" in error, error
+    assert "planted fault: load_weights call 6 failed after" in error, error
+    assert "refit-harness: error: " in proc.stderr and "reload_weights_iterator" in proc.stderr.splitlines()[-1]
+
+
+def test_a_hung_refit_is_ended_by_the_arm_timeout_and_charged_to_its_segment(tmp_path):
+    # The first refit of the only segment never returns (load call 2); the reference arms do
+    # not refit, so they finish (or are reused from the test above: same model, same B).
+    started = time.monotonic()
+    proc, paths = _faulty_run(tmp_path / "hang", "hang:2", "--paths", "reload_weights", "--arm-timeout", "90")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    hung = paths["reload_weights"]
+    error = " ".join(hung["reasons"])
+    assert hung["verdict"] == "ERROR" and "timed out after 90 s" in error, error
+    assert "failed in segment reload_weights, step refit B" in error, error
+    assert time.monotonic() - started < 90 + 240, "the hung arm was not ended near its timeout"
