@@ -277,6 +277,8 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
                 finished(arm, result)
     finally:
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
+        # Their full weight copies too: a killed arm's own cleanup may never run.
+        shutil.rmtree(out / "scratch", ignore_errors=True)
     if inputs is not None and not record.plan.reused:
         fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
         if all(_finished(f, key) == "ok" for f, key in fresh.values()):
@@ -329,6 +331,10 @@ def evaluate(out: Path) -> Evaluation:
         subject = results.get(arm.name) if arm else None
         if subject is None:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
+            continue
+        refusal = next((a.refused for a in (subject, reference) if a is not None and a.refused), None)
+        if refusal:  # nothing to refit: vLLM will not run this engine here
+            verdicts.append(skipped(path, f"vLLM cannot start this engine here: {refusal}"))
             continue
         cls = PATHS.get(path)
         # The control is localized under the model's own name for it (vLLM may rename it on load).
