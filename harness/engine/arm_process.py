@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 import threading
 import time
@@ -125,12 +126,12 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     save_lock = threading.Lock()  # the watchdog thread saves too
     cold_starts = 0
 
-    def save(status: str, error: str | None) -> ArmResult:
+    def save(status: str, error: str | None, refused: str | None = None) -> ArmResult:
         path, step = current[0] if status == "error" else (None, None)
         result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
                            environment=env, failed_path=path, failed_step=step, cold_starts=cold_starts,
-                           measurements=tuple(measurements))
+                           measurements=tuple(measurements), refused=refused)
         with save_lock:
             store.dump(result, result_path, "arm_result")
         return result
@@ -176,13 +177,36 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         return save("ok", None)
     except Exception as exc:  # noqa: BLE001 - an arm's failure is a value
         traceback.print_exc()
-        return save("error", f"{type(exc).__name__}: {exc}".strip()[:2000])
+        message = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        first_start = engine is None and cold_starts == 1 and not observations
+        return save("error", message, refused=message if first_start and refused_by_vllm(exc) else None)
     finally:
         watchdog.set()  # from here on, engine processes exit on purpose
         for path in paths.values():
             path.close()
         if engine is not None:
             engine.close()
+
+
+_UNSUPPORTED = re.compile(r"\b(not supported|unsupported|not implemented)\b", re.IGNORECASE)
+
+
+def refused_by_vllm(exc: BaseException) -> bool:
+    """Is this vLLM declining to build the engine here, rather than a bug? Measured forms:
+    "Unsupported CPU attention configuration: head_dim=16" (a RuntimeError from the CPU
+    attention op), "Head dimension 48 is not supported by MLA", "Unsupported block size: 16".
+    So: an exception that says the configuration is not supported, raised where the deepest
+    frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
+    fixture model) stays an error. With ``--engine-core-process`` the client only sees
+    "Engine core initialization failed", which is not a refusal either."""
+    if not isinstance(exc, (ValueError, NotImplementedError, RuntimeError)) or not _UNSUPPORTED.search(str(exc)):
+        return False
+    import vllm
+
+    roots = {"vllm": str(Path(vllm.__file__).parent), "harness": str(Path(__file__).parents[1])}
+    owners = [owner for frame in traceback.extract_tb(exc.__traceback__)
+              for owner, root in roots.items() if frame.filename.startswith(root + os.sep)]
+    return bool(owners) and owners[-1] == "vllm"
 
 
 def watch_engine_processes(on_death) -> threading.Event:
