@@ -51,9 +51,12 @@ class CheckpointSet:
     b_without_control: str | None = None
     """B with ``control_tensor`` left out, for sabotaged refits (None unless asked for):
     a refit from it leaves that one tensor where it was."""
+    b_damaged: str | None = None
+    """B heavily damaged (``--accuracy`` only): the accuracy probe's discriminating-power arm
+    cold-starts on it."""
 
     def directory(self, key: str) -> str:
-        return {"A": self.a, "B": self.b, "B_control": self.b_control}[key]
+        return {"A": self.a, "B": self.b, "B_control": self.b_control, "B_damaged": self.b_damaged}[key]
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,23 @@ def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE
     return write_streamed(source, dest, lambda name, t: fn(name, t, gen, spec.strength))
 
 
+def damaged(source: str | Path, strength: float, cache: Path = DEFAULT_CACHE) -> Path:
+    """B heavily damaged: seeded gaussian noise of ``strength`` times each tensor's spread,
+    streamed like B (config and tokenizer files copied)."""
+    spec = PerturbSpec(name="gaussian", seed=7, strength=strength)
+    key = hashlib.sha256(f"{fingerprint(source)}|damaged|{spec}".encode()).hexdigest()[:16]
+    dest = cache / "derived" / f"{Path(source).name}-damaged-{key}"
+    if _complete(dest):
+        return dest
+    import torch
+
+    from harness.perturb import PERTURBATIONS
+
+    fn = PERTURBATIONS.get(spec.name)
+    gen = torch.Generator().manual_seed(spec.seed)
+    return write_streamed(source, dest, lambda name, t: fn(name, t, gen, spec.strength))
+
+
 def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B': ``source`` with one tensor scaled by ``control.scale``."""
     key = hashlib.sha256(f"{fingerprint(source)}|{control}".encode()).hexdigest()[:16]
@@ -360,9 +380,9 @@ def choose_control_tensor(headers: dict[str, TensorHeader]) -> tuple[str, str]:
 
 
 def prepare(model: str, target: str | None, perturb: PerturbSpec, control: ControlSpec,
-            cache: Path = DEFAULT_CACHE, sabotage: bool = False) -> CheckpointSet:
+            cache: Path = DEFAULT_CACHE, sabotage: bool = False, damage: float | None = None) -> CheckpointSet:
     """Resolve A (a directory or a hub id), check or make B, and make B' (and B without the
-    control tensor, for sabotaged refits)."""
+    control tensor, for sabotaged refits; B damaged by ``damage``, for the accuracy probe)."""
     a = resolve_model(model)
     headers = read_headers(a)
     if target:
@@ -377,8 +397,10 @@ def prepare(model: str, target: str | None, perturb: PerturbSpec, control: Contr
         control = ControlSpec(tensor=tensor, scale=control.scale)
     b_control = with_control(b, control, cache)
     b_without = str(without_tensor(b, tensor, cache).resolve()) if sabotage else None
+    b_damaged = str(damaged(b, damage, cache).resolve()) if damage is not None else None
     return CheckpointSet(a=str(Path(a).resolve()), b=str(Path(b).resolve()), b_control=str(b_control.resolve()),
-                         control_tensor=tensor, control_reason=reason, b_without_control=b_without)
+                         control_tensor=tensor, control_reason=reason, b_without_control=b_without,
+                         b_damaged=b_damaged)
 
 
 # ---- the embedded default model -------------------------------------------------

@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--throughput", nargs="?", const="8x32x3", metavar="BATCHxLENxREPS",
                      help="also measure generation throughput on cold B and after each subject's first refit "
                           "(default 8x32x3: batch 8, 32 tokens, 3 timed runs)")
+    run.add_argument("--accuracy", metavar="FILE.jsonl",
+                     help="also measure exact-match accuracy over these prompts and answers (one JSON object a line: "
+                          "question/answer, input/target or prompt/answer) on cold B, after each subject's first "
+                          "refit, and on a damaged copy of B (does the eval discriminate at all?)")
     run.add_argument("--noise-build", metavar="NAME",
                      help="with several builds: run this one twice, the second time as NAME2, the run-to-run floor "
                           "(default: the first build; 'none' to skip)")
@@ -281,7 +285,20 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                                      engine_core_process=args.engine_core_process),
                    perturb=PerturbSpec(seed=args.seed), control=ControlSpec(tensor=args.control_tensor),
                    judge=JudgePolicy(rebound=args.rebound), arm_timeout_s=args.arm_timeout, sabotage=args.sabotage,
-                   throughput=_throughput(args.throughput))
+                   throughput=_throughput(args.throughput), accuracy=_accuracy(args.accuracy))
+
+
+def _accuracy(path: str | None):
+    """The ``--accuracy`` file, read and checked here, before any engine starts."""
+    from harness.accuracy import AccuracyFileError, read_accuracy_file
+    from harness.pipeline import UsageError
+
+    if path is None:
+        return None
+    try:
+        return read_accuracy_file(path)
+    except AccuracyFileError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _throughput(text: str | None):
@@ -468,7 +485,7 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
             group = resolve_model(group, args.model)
             spec = replace(group.spec, build=replace(build, name=name)) if build else group.spec
             try:
-                spec = replace(spec, throughput=_throughput(args.throughput))
+                spec = replace(spec, throughput=_throughput(args.throughput), accuracy=_accuracy(args.accuracy))
             except UsageError as exc:
                 return _fail(str(exc))
             _progress(f"cell group {group.id}" + (f" on build {name}" if name else "") + f": {', '.join(spec.paths)}")

@@ -236,6 +236,31 @@ class ThroughputRow:
 
 
 @dataclass(frozen=True)
+class AccuracyRow:
+    """Exact-match accuracy at one point (cold B, the damaged copy of B, or a path after its refit), per build."""
+
+    point: str
+    """``cold_B``, ``cold_B_damaged`` or a reload path."""
+    base_accuracy: float | None
+    """Fraction correct on base (mean over the point's arms: cold B is measured twice)."""
+    pr_accuracy: float | None
+    """On pr."""
+    base2_accuracy: float | None
+    """On base2."""
+    delta: float | None
+    """pr - base."""
+    band_low: float | None
+    """Lowest fraction of base's and base2's arms at this point: the floor's band."""
+    band_high: float | None
+    """Highest of them."""
+    outcome: str
+    """``no measurable difference`` (pr inside the band), ``lower``, ``higher``, ``not measured``, or
+    ``no discriminating power`` (in base or pr, the damaged arm scored no lower than cold B)."""
+    differs_from_cold: str
+    """Builds whose refit engine's accuracy differs from their own cold B beyond its floor, e.g. ``pr``."""
+
+
+@dataclass(frozen=True)
 class BuildComparison:
     """Everything the comparison report shows."""
 
@@ -263,6 +288,8 @@ class BuildComparison:
     """Command line that made the comparison."""
     throughput: tuple[ThroughputRow, ...] = ()
     """The throughput probe, when the runs had ``--throughput``."""
+    accuracy: tuple[AccuracyRow, ...] = ()
+    """The accuracy probe, when the runs had ``--accuracy``."""
 
     @property
     def exit_code(self) -> int:
@@ -312,6 +339,8 @@ def compare_builds(base: Evaluation, pr: Evaluation, base2: Evaluation | None = 
                      + ", ".join(f"{k} {v:.1f}" for k, v in loads.items())
                      + "): wall times and throughput outside the floor are reported as not comparable, not as a "
                        "gain or loss")
+    if base.record.spec.accuracy != pr.record.spec.accuracy:
+        notes.append("base and pr ran different --accuracy items (or none): their accuracy is not compared")
     if base2 is None:
         notes.append("no base2 run (--noise): the floor is the cold-vs-cold noise inside base only, so run-to-run "
                       "differences (timings, verdict flakiness) cannot be told from real ones")
@@ -324,7 +353,7 @@ def compare_builds(base: Evaluation, pr: Evaluation, base2: Evaluation | None = 
         status_changes=status_changes(base, pr, base2), values=value_rows(base, pr, base2),
         layer_change=layer_changes(base, pr, base2), hooks=hook_rows(base, pr), timings=timing_rows(base, pr, base2),
         expectations=check_expectations(verdicts, expectations), notes=tuple(notes), command=command,
-        throughput=throughput_rows(base, pr, base2))
+        throughput=throughput_rows(base, pr, base2), accuracy=accuracy_rows(base, pr, base2))
 
 
 # --- verdicts ------------------------------------------------------------------------------
@@ -631,4 +660,43 @@ def throughput_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) 
         rows.append(ThroughputRow(point=point, base_median=b.median if b else None, pr_median=p.median if p else None,
                                   base2_median=b2.median if b2 else None, band_low=lo, band_high=hi, outcome=outcome,
                                   slower_than_cold=slower))
+    return tuple(rows)
+
+
+def accuracy_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[AccuracyRow, ...]:
+    from harness.accuracy import NO_POWER, judge_run
+
+    if base.record.spec.accuracy != pr.record.spec.accuracy:
+        return ()
+    runs = {"base": base, "pr": pr, "base2": base2}
+    judged = {label: judge_run(ev.arms, ev.record.spec.accuracy) if ev else None for label, ev in runs.items()}
+    per: dict[str, dict[str, list]] = {}
+    for label, j in judged.items():
+        for p in j.points if j else ():
+            per.setdefault(label, {}).setdefault(p.point, []).append(p)
+    base_points, pr_points = per.get("base", {}), per.get("pr", {})
+    no_power = any(judged[label] is not None and judged[label].points and not judged[label].discriminates
+                   for label in ("base", "pr", "base2"))
+
+    def mean(points) -> float | None:
+        return sum(p.accuracy for p in points) / len(points) if points else None
+
+    rows = []
+    for point in list(base_points) + [x for x in pr_points if x not in base_points]:
+        b, p, b2 = base_points.get(point), pr_points.get(point), per.get("base2", {}).get(point)
+        floor = [q.accuracy for q in (b or []) + (b2 or [])]
+        lo, hi = (min(floor), max(floor)) if floor else (None, None)
+        mb, mp = mean(b), mean(p)
+        if mb is None or mp is None:
+            outcome = "not measured"
+        elif no_power:
+            outcome = NO_POWER
+        elif lo <= mp <= hi:
+            outcome = NO_DIFFERENCE
+        else:
+            outcome = "lower" if mp < lo else "higher"
+        differs = ", ".join(label for label, q in (("base", b), ("base2", b2), ("pr", p)) if q and any(x.flagged for x in q))
+        rows.append(AccuracyRow(point=point, base_accuracy=mb, pr_accuracy=mp, base2_accuracy=mean(b2),
+                                delta=None if mb is None or mp is None else mp - mb, band_low=lo, band_high=hi,
+                                outcome=outcome, differs_from_cold=differs))
     return tuple(rows)

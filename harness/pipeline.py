@@ -105,6 +105,17 @@ def validate(spec: RunSpec) -> None:
     too_big = [t for ids in prompts for t in ids if vocab and t >= vocab]
     if too_big:
         raise UsageError(f"prompt token id {too_big[0]} is outside the model's vocabulary ({vocab})")
+    if spec.accuracy is not None:
+        from harness.accuracy import CHAR_VOCAB, has_tokenizer
+
+        # B is the target, or a copy of A with A's tokenizer files: the arms tokenize with B's.
+        b = spec.target or spec.model
+        if not has_tokenizer(b) and vocab is not None and vocab < CHAR_VOCAB:
+            raise UsageError(f"--accuracy needs a tokenizer: {b} has none, and its vocabulary ({vocab}) is too small "
+                             f"for the harness's character-level one ({CHAR_VOCAB} ids)")
+        if spec.accuracy.max_tokens >= spec.engine.max_model_len:
+            raise UsageError(f"--accuracy: max_tokens {spec.accuracy.max_tokens} does not fit max_model_len "
+                             f"{spec.engine.max_model_len}")
 
 
 def resolve_prompts(spec: RunSpec) -> RunSpec:
@@ -145,7 +156,8 @@ def prepare(spec: RunSpec, out: Path, progress: Progress, resume: bool = False, 
     shutil.rmtree(out / "scratch", ignore_errors=True)
     progress("preparing checkpoints A, B and B' (positive control)")
     try:
-        cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control, sabotage=spec.sabotage)
+        cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control, sabotage=spec.sabotage,
+                                 damage=spec.accuracy.damage if spec.accuracy else None)
     except checkpoints.CheckpointError as exc:
         raise UsageError(str(exc)) from None
     except Exception as exc:  # safetensors, JSON and OS errors from a damaged checkpoint

@@ -9,7 +9,7 @@ from harness.builds import BuildSpec
 from harness.checkpoints import CheckpointSet
 from harness.paths.base import EngineRequirements, RefitTarget
 from harness.records import ArmRole
-from harness.spec import EngineSpec, PromptSpec, RunSpec, ThroughputSpec
+from harness.spec import AccuracyPrompts, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 SABOTAGE = "~sabotage"
@@ -42,11 +42,11 @@ class PathNeeds:
 class Step:
     """One thing an arm does after its cold start."""
 
-    action: Literal["observe", "refit", "measure"]
+    action: Literal["observe", "refit", "measure", "accuracy"]
     """``observe``: census + greedy outputs; ``refit``: update weights through ``path``;
-    ``measure``: the throughput probe."""
+    ``measure``: the throughput probe; ``accuracy``: the accuracy probe's completions."""
     argument: str
-    """For ``observe`` and ``measure``, the label; for ``refit``, the checkpoint key (A, B, B_control)."""
+    """For ``observe``, ``measure`` and ``accuracy``, the label; for ``refit``, the checkpoint key (A, B, B_control)."""
     path: str | None = None
     """Reload path of a ``refit`` step."""
     sabotaged: bool = False
@@ -64,8 +64,8 @@ class ArmPlan:
     """reference, noise or subject."""
     paths: tuple[str, ...]
     """Reload paths this subject engine exercises, one segment each, in order."""
-    start: RefitTarget
-    """Checkpoint the engine cold-starts on."""
+    start: RefitTarget | Literal["B_damaged"]
+    """Checkpoint the engine cold-starts on (``B_damaged``: the accuracy probe's damaged copy of B)."""
     steps: tuple[Step, ...]
     """What to do after the cold start, in order."""
     engine: EngineSpec
@@ -82,6 +82,8 @@ class ArmPlan:
     """Interpreter (vLLM build) the arm runs under; None: the harness's own."""
     throughput: ThroughputSpec | None = None
     """Settings of the arm's ``measure`` steps, if any."""
+    accuracy: AccuracyPrompts | None = None
+    """Prompts of the arm's ``accuracy`` steps, if any."""
 
     @property
     def cold_label(self) -> str:
@@ -134,8 +136,9 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     maps a path to the reason it cannot run on this machine. With ``spec.sabotage`` each
     subject engine runs its paths' sabotaged twins after all the real segments, so a
     sabotage can never leak into a real path's verdict."""
+    accuracy = AccuracyPrompts(spec.accuracy.prompts, spec.accuracy.max_tokens) if spec.accuracy else None
     common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s,
-                  build=spec.build, throughput=spec.throughput)
+                  build=spec.build, throughput=spec.throughput, accuracy=accuracy)
     runnable = [p for p in spec.paths if p not in unavailable]
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
     if not runnable:
@@ -143,6 +146,8 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     cold_b = (Step("observe", "cold_B"),)
     if spec.throughput:
         cold_b += (Step("measure", "cold_B/throughput"),)
+    if accuracy:
+        cold_b += (Step("accuracy", "cold_B/accuracy"),)
     plain = EngineRequirements()
     arms = [ArmPlan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain, **common),
             ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common)]
@@ -152,12 +157,17 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     for requirements, members in groups.items():
         probe = ArmPlan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements, **common)
         steps = (Step("observe", probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
-        if spec.throughput:  # right after the first path's refit to B: the refit engine's speed
-            at = steps.index(Step("observe", f"{members[0]}/warm_B")) + 1 if Step(
-                "observe", f"{members[0]}/warm_B") in steps else len(steps)
-            steps = steps[:at] + (Step("measure", f"{members[0]}/throughput"),) + steps[at:]
+        # Right after the first path's refit to B: the refit engine's speed and accuracy.
+        warm_b = Step("observe", f"{members[0]}/warm_B")
+        at = steps.index(warm_b) + 1 if warm_b in steps else len(steps)
+        probes = ((Step("measure", f"{members[0]}/throughput"),) if spec.throughput else ()) + (
+            (Step("accuracy", f"{members[0]}/accuracy"),) if accuracy else ())
+        steps = steps[:at] + probes + steps[at:]
         if spec.sabotage:
             steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
         arms.append(ArmPlan(name="subject-" + "+".join(members), role="subject", paths=tuple(members), start="A",
                             steps=steps, requirements=requirements, **common))
+    if accuracy:  # the eval's discriminating power: does a damaged B score lower than B?
+        arms.append(ArmPlan(name="damaged", role="damaged", paths=(), start="B_damaged",
+                            steps=(Step("accuracy", "cold_B_damaged/accuracy"),), requirements=plain, **common))
     return Plan(arms=tuple(arms), skipped=skipped)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel"]
-ArmRole = Literal["reference", "noise", "subject"]
+ArmRole = Literal["reference", "noise", "subject", "damaged"]
 ArmStatus = Literal["ok", "error"]
 
 
@@ -167,13 +167,29 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Completions:
+    """Greedy completions of the accuracy prompts at one point of an arm's life (``--accuracy``)."""
+
+    label: str
+    """``cold_B/accuracy``, ``cold_B_damaged/accuracy`` or ``<path>/accuracy`` (after its refit to B)."""
+    tokenizer: str
+    """Which tokenizer encoded the prompts and decoded the completions: the checkpoint's own
+    (its directory) or ``harness character-level (N ids)``."""
+    texts: tuple[str, ...]
+    """Decoded completion of each prompt, in prompt order (ids the tokenizer does not know decode to nothing)."""
+    token_ids: tuple[tuple[int, ...], ...] = ()
+    """Generated token ids of each prompt, as the engine returned them."""
+
+
+@dataclass(frozen=True)
 class ArmResult:
     """One engine lifetime: its observations, or the error that ended it."""
 
     arm: str
     """Arm name, unique within a run, e.g. ``reference``, ``subject-reload_weights+discard_reload``."""
     role: ArmRole
-    """Reference (cold B), noise (a second cold B) or subject (warm A->B through a path)."""
+    """Reference (cold B), noise (a second cold B), subject (warm A->B through a path) or
+    damaged (cold on a damaged copy of B: the accuracy probe's discriminating power)."""
     paths: tuple[str, ...]
     """Reload paths the subject exercises, one segment each; empty for reference and noise arms."""
     status: ArmStatus
@@ -198,6 +214,8 @@ class ArmResult:
     """Engines this arm started: 1, plus one per refit through a path that restarts the engine."""
     measurements: tuple[Measurement, ...] = field(default=())
     """Throughput probes (``--throughput``), in the order taken."""
+    completions: tuple[Completions, ...] = field(default=())
+    """Accuracy probes (``--accuracy``), in the order taken."""
     refused: str | None = None
     """vLLM's own refusal to build this engine here (e.g. an attention head size or block
     size its backend does not support): its exception, when the first cold start failed with

@@ -171,6 +171,35 @@ class ThroughputSpec:
 
 
 @dataclass(frozen=True)
+class AccuracySpec:
+    """The optional exact-match accuracy probe (``--accuracy FILE.jsonl``), read and checked
+    before any engine starts (``harness.accuracy.read_accuracy_file``)."""
+
+    file: str
+    """The JSONL file the items came from (shown in reports)."""
+    prompts: tuple[str, ...]
+    """Prompt texts, in file order; tokenized inside the arms, never here."""
+    answers: tuple[str, ...]
+    """The known answer of each prompt; used only to judge, from records (arms never see them)."""
+    max_tokens: int = 16
+    """Greedy tokens generated per prompt."""
+    damage: float = 1.0
+    """Strength of the seeded gaussian damage (``harness.perturb.gaussian``) of the damaged copy of B
+    the discriminating-power arm cold-starts on: 1.0 adds noise as large as each tensor's spread."""
+
+
+@dataclass(frozen=True)
+class AccuracyPrompts:
+    """What an arm needs to run the accuracy probe: the prompts, not the answers, so that
+    records (and the reference cache key) depend only on what the engine was given."""
+
+    prompts: tuple[str, ...]
+    """Prompt texts (``AccuracySpec.prompts``)."""
+    max_tokens: int
+    """Greedy tokens generated per prompt."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One oracle run: checkpoints, paths and settings."""
 
@@ -199,3 +228,6 @@ class RunSpec:
     """The Python environment (vLLM build) every arm runs under; None: the harness's own."""
     throughput: ThroughputSpec | None = None
     """Measure generation throughput on cold B and after each subject's first refit; None: off."""
+    accuracy: AccuracySpec | None = None
+    """Exact-match accuracy on cold B, after each subject's first refit to B, and on a damaged
+    copy of B (the eval's discriminating power); None: off."""

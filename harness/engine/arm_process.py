@@ -19,8 +19,8 @@ from pathlib import Path
 from harness import store
 from harness.engine.handles import Engine, build_engine
 from harness.plan import ArmPlan, sabotaged_twin
-from harness.records import (ArmResult, ConsumedTensor, HookRecord, Measurement, ModelInfo, Observation,
-                             TensorRecord, UnobservedRecord)
+from harness.records import (ArmResult, Completions, ConsumedTensor, HookRecord, Measurement, ModelInfo,
+                             Observation, TensorRecord, UnobservedRecord)
 from harness.spec import PromptSpec
 
 
@@ -90,6 +90,25 @@ def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:
     return Measurement(label=label, batch=spec.batch, output_len=spec.output_len, tokens_per_s=tuple(rates))
 
 
+def measure_accuracy(engine: Engine, arm: ArmPlan, label: str) -> Completions:
+    """Greedy completions of the accuracy prompts, tokenized and decoded here (B's tokenizer,
+    or the harness's character-level one), so the parent never needs a tokenizer."""
+    from harness.engine.tokenize import load_tokenizer
+
+    spec = arm.accuracy
+    assert spec is not None, "an accuracy step without accuracy prompts"
+    name, encode, decode = load_tokenizer(arm.checkpoints.b)
+    ids = tuple(tuple(encode(p)) for p in spec.prompts)
+    room = arm.engine.max_model_len - spec.max_tokens
+    too_long = next((i for i, t in enumerate(ids) if len(t) > room), None)
+    if too_long is not None:
+        raise ValueError(f"accuracy prompt {too_long} is {len(ids[too_long])} tokens; with max_tokens "
+                         f"{spec.max_tokens} it does not fit max_model_len {arm.engine.max_model_len}")
+    outputs = engine.generate(PromptSpec(token_ids=ids, max_tokens=spec.max_tokens, logprobs=0))
+    return Completions(label=label, tokenizer=name, texts=tuple(decode(list(o.token_ids)) for o in outputs),
+                       token_ids=tuple(o.token_ids for o in outputs))
+
+
 def environment() -> tuple[tuple[str, str], ...]:
     import torch
     import vllm
@@ -121,6 +140,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     started = time.monotonic()
     observations: list[Observation] = []
     measurements: list[Measurement] = []
+    completions: list[Completions] = []
     env: tuple[tuple[str, str], ...] = ()
     current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
     save_lock = threading.Lock()  # the watchdog thread saves too
@@ -131,7 +151,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         result = ArmResult(arm=arm.name, role=arm.role, paths=arm.paths, status=status, error=error,
                            observations=tuple(observations), seconds=round(time.monotonic() - started, 2),
                            environment=env, failed_path=path, failed_step=step, cold_starts=cold_starts,
-                           measurements=tuple(measurements), refused=refused)
+                           measurements=tuple(measurements), completions=tuple(completions), refused=refused)
         with save_lock:
             store.dump(result, result_path, "arm_result")
         return result
@@ -166,6 +186,9 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
                     watchdog = watch_engine_processes(lambda why: save("error", why))
+            elif step.action == "accuracy":
+                completions.append(measure_accuracy(engine, arm, step.argument))
+                save("error", f"arm stopped after the accuracy probe {step.argument!r}")
             elif step.action == "measure":
                 measurements.append(measure_throughput(engine, arm, step.argument))
                 save("error", f"arm stopped after measuring {step.argument!r}")

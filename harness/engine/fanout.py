@@ -203,7 +203,7 @@ class ArmActor:
         return result, text
 
 
-STAGED_CHECKPOINTS = ("a", "b", "b_control", "b_without_control")
+STAGED_CHECKPOINTS = ("a", "b", "b_control", "b_without_control", "b_damaged")
 """``CheckpointSet`` fields staged on a node, where set."""
 
 

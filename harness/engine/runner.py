@@ -174,7 +174,8 @@ def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: f
                      environment=recorded.environment if recorded else (),
                      failed_path=recorded.failed_path if recorded else None,
                      failed_step=recorded.failed_step if recorded else None,
-                     measurements=recorded.measurements if recorded else ())
+                     measurements=recorded.measurements if recorded else (),
+                     completions=recorded.completions if recorded else ())
 
 
 # vLLM's own logger line for an exception raised in an engine process, e.g.

@@ -22,7 +22,7 @@ def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
     files: dict[str, Path] = {}
     tables = {"verdicts.csv": cmp.verdicts, "tokens.csv": cmp.tokens, "tensor_changes.csv": cmp.status_changes,
               "values.csv": cmp.values, "hooks.csv": cmp.hooks, "timings.csv": cmp.timings,
-              "throughput.csv": cmp.throughput,
+              "throughput.csv": cmp.throughput, "accuracy.csv": cmp.accuracy,
               "builds.csv": cmp.builds}
     for name, rows in tables.items():
         files[name] = _csv(out / name, rows)
@@ -103,6 +103,9 @@ def render_markdown(cmp: BuildComparison) -> str:
     for t in cmp.throughput:
         lines.append(f"Throughput `{t.point}`: base {t.base_median or 0:.1f}, pr {t.pr_median or 0:.1f} tokens/s — "
                      f"{t.outcome}" + (f"; refit slower than cold B on {t.slower_than_cold}" if t.slower_than_cold else ""))
+    for a in cmp.accuracy:
+        lines.append(f"Accuracy `{a.point}`: base {pct(a.base_accuracy)}, pr {pct(a.pr_accuracy)} — {a.outcome}"
+                     + (f"; refit differs from cold B on {a.differs_from_cold}" if a.differs_from_cold else ""))
     hooks = [h for h in cmp.hooks if h.outcome == "changed"]
     lines.append(f"Post-load hook classes that changed: {len(hooks)}"
                  + (" — " + ", ".join(f"`{h.owner}` ({h.kind}) {h.base}→{h.pr}" for h in hooks[:5]) if hooks else ""))
@@ -353,6 +356,19 @@ refit engine slower than its own cold B beyond the cold engines' samples is flag
 {{ r.slower_than_cold or 'no' }}</td></tr>{% endfor %}</tbody></table>
 {% else %}<p class="muted">Not measured: run with <code>--throughput</code>.</p>{% endif %}</section>
 
+<section id="accuracy"><h2>Accuracy (--accuracy)</h2>
+{% if cmp.accuracy %}<p class="muted">Exact match, fraction of items correct; the band is every base and base2 arm at
+that point. <code>cold_B_damaged</code> is a heavily damaged copy of B: when it scores no lower than cold B the eval has
+no discriminating power, and no accuracy delta means anything.</p>
+<table class="sortable" id="t-accuracy"><thead><tr><th>point</th><th>base</th><th>base2</th><th>pr</th><th>delta</th>
+<th>band</th><th>outcome</th><th>refit differs from cold B</th></tr></thead><tbody>
+{% for r in cmp.accuracy %}<tr><td><code>{{ r.point }}</code></td><td>{{ pct(r.base_accuracy) }}</td>
+<td>{{ pct(r.base2_accuracy) }}</td><td>{{ pct(r.pr_accuracy) }}</td><td>{{ num(r.delta) }}</td>
+<td>{{ pct(r.band_low) }}–{{ pct(r.band_high) }}</td><td class="{{ cls(r.outcome) }}">{{ r.outcome }}</td>
+<td class="{{ 'differs' if r.differs_from_cold else '' }}">{{ r.differs_from_cold or 'no' }}</td></tr>{% endfor %}
+</tbody></table>
+{% else %}<p class="muted">Not measured: run with <code>--accuracy FILE.jsonl</code>.</p>{% endif %}</section>
+
 <section id="timings"><h2>Arm wall time (engine start included)</h2>
 <p class="muted">A coarse speed measure; a delta inside the base..base2 band is “{{ nmd }}”.</p>
 {{ plot_timings }}
@@ -372,6 +388,10 @@ refit engine slower than its own cold B beyond the cold engines' samples is flag
 """
 
 
+def pct(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
 def render_html(cmp: BuildComparison) -> str:
     def num(v) -> str:
         return "—" if v is None else f"{v:.3g}"
@@ -388,7 +408,7 @@ def render_html(cmp: BuildComparison) -> str:
         measured=[v for v in cmp.values if v.outcome != NO_DIFFERENCE],
         floor_values=[v for v in cmp.values if v.outcome == NO_DIFFERENCE],
         plot_layers=svg_layer_bars(cmp.layer_change), plot_divergence=svg_divergence(cmp.tokens),
-        plot_timings=svg_timings(cmp.timings), plot_throughput=svg_throughput(cmp.throughput), css=Markup(CSS), js=Markup(JS), num=num, cls=cls)
+        plot_timings=svg_timings(cmp.timings), plot_throughput=svg_throughput(cmp.throughput), css=Markup(CSS), js=Markup(JS), num=num, cls=cls, pct=pct)
 
 
 def _view(cmp: BuildComparison, builds: dict):

@@ -25,7 +25,7 @@ def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, 
                 consumed: pd.DataFrame, hooks: pd.DataFrame) -> str:
     parts = [f"<h1>refit-harness report</h1><p class='muted'>Oracle: warm A→B through each path vs a cold start "
              f"on B, with cold A as witness. Started {escape(ev.record.started)}.</p>",
-             _verdicts(summary), _first_divergences(summary), _control(summary), _sabotage(summary), _noise(summary),
+             _verdicts(summary), _first_divergences(summary), _control(summary), _sabotage(summary), _accuracy(summary), _noise(summary),
              _unobserved(summary), _non_ok(tensors), _consumed(consumed), _hooks(hooks), _tokens(tokens), _arms(summary),
              _environment(summary)]
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title>"
@@ -103,6 +103,23 @@ def _sabotage(summary: dict[str, Any]) -> str:
             "breaks the one step the path exists for, in the same engine. It must FAIL with what it planted; "
             "otherwise the path's PASS is INCONCLUSIVE.</p>"
             + _table(["path", "caught", "sabotage", "twin verdict", "evidence"], rows) + "</section>")
+
+
+def _accuracy(summary: dict[str, Any]) -> str:
+    acc = summary.get("accuracy")
+    if not acc:
+        return ""
+    rows = [[f"<code>{escape(p['point'])}</code>", escape(p["arm"]), f"{p['correct']}/{p['total']}",
+             f"{p['invalid']}/{p['total']}", escape(p["status"] or "—")] for p in acc["points"]]
+    classes = ["FAIL" if p["status"] == "differs from cold B" else "" for p in acc["points"]]
+    power = ("" if acc["discriminating_power"] else
+             "<p class='first'><b>No discriminating power:</b> the damaged copy of B scores no lower than cold B, "
+             "so this eval cannot tell a broken model from a good one. No accuracy result here is a pass.</p>")
+    return ("<section id='accuracy'><h2>Accuracy (--accuracy)</h2><p class='muted'>Exact match of the completion's "
+            f"first line over {acc['items']} item(s) of <code>{escape(acc['file'])}</code>; invalid: an empty first "
+            f"line. Tokenizer: {escape(', '.join(acc['tokenizer']) or '?')}. Full list in accuracy.csv.</p>"
+            f"<p>Outcome: <b>{escape(acc['outcome'])}</b></p>{power}"
+            + _table(["point", "arm", "correct", "invalid", "status"], rows, classes) + "</section>")
 
 
 def _noise(summary: dict[str, Any]) -> str:

@@ -50,6 +50,7 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "exit_code": ev.exit_code,
+        "accuracy": accuracy_summary(ev),
         "paths": paths,
         "noise_floor": {"differing_tensors": noise_tensors, "tokens": noise_tokens},
         "cold_starts": sum(a.cold_starts for a in ev.arms if a.arm not in reused),
@@ -67,6 +68,23 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
                         "mode": ev.record.spec.engine.mode, "dtype": ev.record.spec.engine.dtype,
                         "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size},
     }
+
+
+def accuracy_summary(ev: Evaluation) -> dict[str, Any] | None:
+    """The accuracy probe (``--accuracy``), judged from the records; None without it."""
+    from harness.accuracy import judge_run
+
+    spec = ev.record.spec.accuracy
+    j = judge_run(ev.arms, spec)
+    if j is None:
+        return None
+    tokenizers = sorted({c.tokenizer for a in ev.arms for c in a.completions})
+    return {"file": spec.file, "items": len(spec.prompts), "max_tokens": spec.max_tokens, "tokenizer": tokenizers,
+            "discriminating_power": j.discriminates, "outcome": j.summary,
+            "cold_B_correct_range": list(j.cold_range) if j.cold_range else None,
+            "points": [{"point": p.point, "arm": p.arm, "correct": p.correct, "invalid": p.invalid, "total": p.total,
+                        "accuracy": round(p.accuracy, 4), "invalid_rate": round(p.invalid_rate, 4),
+                        "status": p.status} for p in j.points]}
 
 
 def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
@@ -113,6 +131,7 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         flag = " — **slower than cold B** beyond its floor" if t["slower_than_cold_B"] else ""
         lines.append(f"Throughput {md_code(point)}: {t['median_tokens_per_s']:.1f} tokens/s "
                      f"(spread {t['spread']:.1f}){flag}")
+    lines += accuracy_markdown(summary.get("accuracy"))
     nf = summary["noise_floor"]
     lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
               f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]
@@ -120,6 +139,21 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         lines += ["", f"Cold-B reference and noise: reused reference `{summary['reference']['key']}` (not cold-started "
                       f"again); engine cold starts in this run: {summary['cold_starts']}."]
     return "\n".join(lines) + "\n"
+
+
+def accuracy_markdown(acc: dict[str, Any] | None) -> list[str]:
+    if not acc:
+        return []
+    lines = ["", f"Accuracy ({acc['items']} item(s) of {md_code(acc['file'])}, exact match, tokenizer "
+             f"{md_text(', '.join(acc['tokenizer']) or '?')}): **{md_text(acc['outcome'])}**"
+             + ("" if acc["discriminating_power"] else " — the damaged copy of B scores no lower than cold B, so this "
+                "eval cannot tell a broken model from a good one; no accuracy result is a pass."),
+             "", "| point | arm | correct | invalid | status |", "|---|---|---|---|---|"]
+    for p in acc["points"]:
+        status = f"**{p['status']}**" if p["status"] == "differs from cold B" else (p["status"] or "—")
+        lines.append(f"| {md_code(p['point'])} | {md_text(p['arm'])} | {p['correct']}/{p['total']} | "
+                     f"{p['invalid']}/{p['total']} | {status} |")
+    return lines
 
 
 _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]()!|#~"})

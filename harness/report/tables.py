@@ -54,6 +54,26 @@ def hook_table(ev: Evaluation) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=HOOK_COLUMNS)
 
 
+ACCURACY_COLUMNS = ["schema_version", "point", "arm", "item", "prompt", "answer", "completion", "given", "correct",
+                    "invalid"]
+
+
+def accuracy_table(ev: Evaluation) -> pd.DataFrame:
+    """One row per accuracy item per measured point (``--accuracy``; empty without it)."""
+    from harness.accuracy import extract_answer
+
+    spec = ev.record.spec.accuracy
+    rows = []
+    for a in ev.arms if spec else ():
+        for c in a.completions:
+            for i, (prompt, answer, text) in enumerate(zip(spec.prompts, spec.answers, c.texts)):
+                given = extract_answer(text)
+                rows.append({"schema_version": SCHEMA_VERSION, "point": c.label.split("/", 1)[0], "arm": a.arm,
+                             "item": i, "prompt": prompt, "answer": answer, "completion": text, "given": given,
+                             "correct": given == answer.strip(), "invalid": not given})
+    return pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
+
+
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP "CSV injection").
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
