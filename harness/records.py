@@ -218,8 +218,9 @@ class ArmResult:
     """Accuracy probes (``--accuracy``), in the order taken."""
     refused: str | None = None
     """vLLM's own refusal to build this engine here (e.g. an attention head size or block
-    size its backend does not support): its exception, when the first cold start failed with
-    one. The paths of such an arm are SKIPPED with this reason, not ERROR."""
+    size its backend does not support): its exception, when the cold start or the first
+    observation (before any refit) failed with one. The paths of such an arm are SKIPPED
+    with this reason, not ERROR."""
 
     def observation(self, label: str) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

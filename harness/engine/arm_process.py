@@ -201,8 +201,10 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     except Exception as exc:  # noqa: BLE001 - an arm's failure is a value
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".strip()[:2000]
-        first_start = engine is None and cold_starts == 1 and not observations
-        return save("error", message, refused=message if first_start and refused_by_vllm(exc) else None)
+        # The cold start or the first observation (the CPU attention op refuses a head size at
+        # the first forward, not at start-up), before any segment: the engine never ran.
+        never_ran = cold_starts == 1 and not observations and current[0][0] is None
+        return save("error", message, refused=message if never_ran and refused_by_vllm(exc) else None)
     finally:
         watchdog.set()  # from here on, engine processes exit on purpose
         for path in paths.values():
