@@ -3,7 +3,8 @@
 ``python -m benchmarks.bare_vllm A B B_CONTROL``: the same three engine lifetimes the harness
 plans (a subject cold-started on A and refitted through ``reload_weights`` to B, B, B' and A
 with a generation after each; a reference and a noise engine cold-started on B with one
-generation), two engines at a time, the same engine settings and the same thread placement.
+generation), two engines at a time, the same engine settings, engine-core layout and thread
+placement.
 No census, no recorder, no records: the floor the harness is measured against.
 
 ``python -m benchmarks.bare_vllm --one ROLE A B B_CONTROL`` runs one engine lifetime.
@@ -45,9 +46,13 @@ def run_all(dirs: dict[str, str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     args = [dirs["A"], dirs["B"], dirs["B_control"]]
 
+    # The engine-core layout the harness's arms use (EngineSpec.engine_core_process).
+    layout = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if EngineSpec().engine_core_process else "0"}
+
     def launch(role: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "benchmarks.bare_vllm", "--one", role, *args],
-                                env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                env={**os.environ, **env, **layout}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
 
     running = [launch("subject"), launch("reference")]
     waiting = ["noise"]
