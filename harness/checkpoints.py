@@ -214,6 +214,20 @@ def _complete(dest: Path) -> bool:
     return dest.is_dir() and (dest / "config.json").is_file() and any(dest.glob("*.safetensors"))
 
 
+def own_tokenizer(directory: str | Path):
+    """The checkpoint's own fast tokenizer (``tokenizer.json``, read with the ``tokenizers``
+    library: no torch, no network), or None when it ships none."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust library raises a bare Exception on a bad file
+        raise CheckpointError(f"cannot read the checkpoint's tokenizer {path}: {exc}") from None
+
+
 def vocab_size(directory: str | Path) -> int | None:
     """The model's vocabulary size from its config.json (multimodal configs nest it in
     ``text_config``); None when the config does not say."""

@@ -63,6 +63,10 @@ class TokenDiff:
     """Tokens from the engine under test."""
     reference_tokens: tuple[int, ...]
     """Tokens it should produce."""
+    subject_text: str | None = None
+    """``subject_tokens`` decoded by the checkpoint's own tokenizer (text prompts only)."""
+    reference_text: str | None = None
+    """``reference_tokens`` decoded the same way."""
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,8 @@ def compare_outputs(check: Check, subject: Observation, reference: Observation) 
                 if tok in rmap:
                     worst = max(worst, _abs_diff(lp, rmap[tok]))
         diffs.append(TokenDiff(check=check, prompt=s.prompt, first_divergence=first, max_logprob_diff=worst,
-                               subject_tokens=tuple(s.token_ids), reference_tokens=tuple(r.token_ids)))
+                               subject_tokens=tuple(s.token_ids), reference_tokens=tuple(r.token_ids),
+                               subject_text=s.text, reference_text=r.text))
     return tuple(diffs)
 
 

@@ -23,7 +23,7 @@ from harness.engine.fanout import FanoutSpec
 from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, sabotaged_twin
 from harness.records import ArmResult
 from harness.reference import ReferenceInputs
-from harness.spec import RunSpec, shared_prefix_prompts
+from harness.spec import RunSpec, shared_prefix_prompts, text_prompts
 from harness.verdict import Verdict, VerdictStatus, judge, judge_sabotage, rebound_fails, skipped, with_sabotage
 
 DEFAULT_VOCAB = 256  # prompts for a checkpoint whose config names no vocabulary
@@ -97,7 +97,10 @@ def validate(spec: RunSpec) -> None:
         vocab = checkpoints.vocab_size(spec.model)
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
         raise UsageError(f"{Path(spec.model) / 'config.json'} is not a valid JSON config: {exc}") from None
-    prompts = spec.prompts.token_ids or shared_prefix_prompts(vocab or DEFAULT_VOCAB)
+    try:
+        prompts = resolve_prompts(spec).prompts.token_ids  # the prompts the arms will run
+    except checkpoints.CheckpointError as exc:
+        raise UsageError(str(exc)) from None
     longest = max((len(ids) for ids in prompts), default=0)
     if longest + spec.prompts.max_tokens > spec.engine.max_model_len:
         raise UsageError(f"a prompt of {longest} tokens plus max_tokens {spec.prompts.max_tokens} is longer than "
@@ -119,11 +122,16 @@ def validate(spec: RunSpec) -> None:
 
 
 def resolve_prompts(spec: RunSpec) -> RunSpec:
-    """The spec with its prompts made concrete: derived from the model's vocabulary when
-    the user gave none, so the default prompts fit any checkpoint."""
+    """The spec with its prompts made concrete when the user gave none, so the default
+    prompts fit any checkpoint: real text through the checkpoint's own tokenizer where it
+    has one, else token ids drawn from the model's vocabulary."""
     if spec.prompts.token_ids is not None:
         return spec
     vocab = checkpoints.vocab_size(spec.model) or DEFAULT_VOCAB
+    tokenizer = checkpoints.own_tokenizer(spec.model)
+    made = text_prompts(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, vocab) if tokenizer else None
+    if made:
+        return replace(spec, prompts=replace(spec.prompts, token_ids=made[0], texts=made[1]))
     return replace(spec, prompts=replace(spec.prompts, token_ids=shared_prefix_prompts(vocab)))
 
 

@@ -71,6 +71,8 @@ class PromptOutput:
     cached_tokens: int | None = None
     """Prompt tokens served from the prefix cache (vLLM's ``num_cached_tokens``); None
     where the engine does not say."""
+    text: str | None = None
+    """The generated tokens decoded with the checkpoint's own tokenizer (text prompts only)."""
 
 
 @dataclass(frozen=True)

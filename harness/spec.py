@@ -15,6 +15,31 @@ SHARED_PREFIX_TOKENS = 272
 PROMPT_SUFFIX_TOKENS = (8, 10, 6, 11)
 
 
+# Text prompts for a checkpoint with a tokenizer: a shared passage (repeated until it covers
+# SHARED_PREFIX_TOKENS tokens, where it is cut) and a distinct question each.
+PROMPT_PASSAGE = ("In reinforcement learning from human feedback, an inference engine generates samples "
+                  "while a trainer updates the policy weights. After every update the new weights are "
+                  "copied into the running engine, which must then compute exactly what a freshly "
+                  "loaded engine with the same weights would compute. ")
+PROMPT_QUESTIONS = ("Question: what must the engine compute after an update? Answer:",
+                    "Question: who updates the policy weights? Answer:",
+                    "Summarize the passage in one sentence:",
+                    "Question: where are the new weights copied to, and when? Answer:")
+
+
+def text_prompts(encode, vocab_size: int) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] | None:
+    """``(token_ids, texts)`` of the text prompts, encoded with a checkpoint's own tokenizer
+    (``encode``: text -> ids); None if its ids do not fit the model's vocabulary."""
+    passage = PROMPT_PASSAGE
+    while len(encode(passage)) < SHARED_PREFIX_TOKENS:
+        passage += PROMPT_PASSAGE
+    prefix = tuple(encode(passage)[:SHARED_PREFIX_TOKENS])
+    ids = tuple(prefix + tuple(encode(" " + q)) for q in PROMPT_QUESTIONS)
+    if any(not 0 <= t < vocab_size for p in ids for t in p):
+        return None
+    return ids, tuple(passage + " " + q for q in PROMPT_QUESTIONS)
+
+
 def shared_prefix_prompts(vocab_size: int, seed: int = 0) -> tuple[tuple[int, ...], ...]:
     """Token-id prompts for any checkpoint, offline: a shared prefix and a distinct suffix
     each, drawn deterministically from ``[1, vocab_size)`` (id 0 is often padding)."""
@@ -60,8 +85,12 @@ class PromptSpec:
     """The fixed prompts and how to decode them."""
 
     token_ids: tuple[tuple[int, ...], ...] | None = None
-    """Token-id prompts; ids must be below the model's vocabulary size. None: derived from
-    the model's vocabulary when the run is prepared (``shared_prefix_prompts``)."""
+    """Token-id prompts; ids must be below the model's vocabulary size. None: made when the
+    run is prepared, from text with the checkpoint's own tokenizer (``text_prompts``) or,
+    without one, drawn from the model's vocabulary (``shared_prefix_prompts``)."""
+    texts: tuple[str, ...] | None = None
+    """The text each prompt was tokenized from (the tokenizer's prefix cut may end mid-passage);
+    None for prompts given or drawn as token ids."""
     max_tokens: int = 12
     """Greedy tokens generated per prompt."""
     logprobs: int = 5

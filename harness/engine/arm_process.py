@@ -20,7 +20,7 @@ from harness import store
 from harness.engine.handles import Engine, build_engine
 from harness.plan import ArmPlan, sabotaged_twin
 from harness.records import (ArmResult, Completions, ConsumedTensor, HookRecord, Measurement, ModelInfo,
-                             Observation, TensorRecord, UnobservedRecord)
+                             Observation, PromptOutput, TensorRecord, UnobservedRecord)
 from harness.spec import PromptSpec
 
 
@@ -54,7 +54,19 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
         consumed = ()
         unobserved.append(UnobservedRecord("<kernel-inputs>", "forward", f"{type(exc).__name__}: {exc}"[:300]))
     return Observation(label=label, tensors=tensors, consumed=consumed, hooks=hooks,
-                       outputs=engine.generate(arm.prompts), model=model, unobserved=tuple(unobserved))
+                       outputs=decoded(engine.generate(arm.prompts), arm), model=model, unobserved=tuple(unobserved))
+
+
+def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutput, ...]:
+    """Text prompts' outputs with their text, decoded by the checkpoint's own tokenizer."""
+    if not arm.prompts.texts:
+        return outputs
+    from dataclasses import replace
+
+    from harness.checkpoints import own_tokenizer
+
+    tokenizer = own_tokenizer(arm.checkpoints.a)
+    return tuple(replace(o, text=tokenizer.decode(list(o.token_ids))) for o in outputs) if tokenizer else outputs
 
 
 def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[ConsumedTensor, ...], list[str]]:

@@ -199,12 +199,17 @@ def _tokens(tokens: pd.DataFrame) -> str:
         diverged = not pd.isna(r.first_divergence)
         rows.append([f"<code>{escape(r.path)}</code>", escape(r.check), str(r.prompt),
                      escape(str(r.first_divergence)) if diverged else "identical", f"{r.max_logprob_diff:.3g}",
-                     f"<span class='mono'>{escape(r.subject_tokens)}</span>",
-                     f"<span class='mono'>{escape(r.reference_tokens)}</span>"])
+                     f"<span class='mono'>{escape(r.subject_tokens)}</span>" + _text(r.subject_text),
+                     f"<span class='mono'>{escape(r.reference_tokens)}</span>" + _text(r.reference_text)])
         classes.append("FAIL" if diverged else "")
     return ("<section id='tokens'><h2>Greedy tokens</h2>"
             + _table(["path", "check", "prompt", "first divergence", "max logprob diff", "subject", "reference"],
                      rows, classes) + "</section>")
+
+
+def _text(text: Any) -> str:
+    """A completion decoded by the checkpoint's own tokenizer, under its token ids."""
+    return "" if text is None or pd.isna(text) else f"<div class='decoded'>“{escape(str(text))}”</div>"
 
 
 def _arms(summary: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from harness.store import SCHEMA_VERSION
 TENSOR_COLUMNS = ["schema_version", "path", "check", "tensor", "kind", "status", "address_moved",
                   "subject_digest", "reference_digest", "witness_digest"]
 TOKEN_COLUMNS = ["schema_version", "path", "check", "prompt", "first_divergence", "max_logprob_diff",
-                 "subject_tokens", "reference_tokens"]
+                 "subject_tokens", "reference_tokens", "subject_text", "reference_text"]
 
 
 def tensor_table(ev: Evaluation) -> pd.DataFrame:
@@ -28,7 +28,8 @@ def token_table(ev: Evaluation) -> pd.DataFrame:
         {"schema_version": SCHEMA_VERSION, "path": c.path, "check": d.check, "prompt": d.prompt,
          "first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff,
          "subject_tokens": " ".join(map(str, d.subject_tokens)),
-         "reference_tokens": " ".join(map(str, d.reference_tokens))}
+         "reference_tokens": " ".join(map(str, d.reference_tokens)),
+         "subject_text": d.subject_text, "reference_text": d.reference_text}
         for c in ev.comparisons for d in c.tokens
     ]
     df = pd.DataFrame(rows, columns=TOKEN_COLUMNS)
