@@ -93,7 +93,7 @@ def shim_dir(cache: Path = DEFAULT_CACHE) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: refit-harness\nVersion: 0+shim\n")
     (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nrefit_harness = harness.engine.plugin:register\n")
+        "[vllm.general_plugins]\nrefit_harness = harness.engine.vllm_plugin:register\n")
     tmp = root / f".harness-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(HARNESS_PACKAGE, target_is_directory=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from harness.observe import Unobserved, observe_entry, probe_linear_kernels, walk_model
+from harness.census import Unobserved, observe_entry, probe_linear_kernels, walk_model
 from harness.recorder import ConsumptionRecorder, name_consumed
 from harness.store import to_jsonable
 

@@ -16,7 +16,7 @@ from harness.spec import KnownIssue, Mode, PromptSpec
 
 if TYPE_CHECKING:
     from harness.checkpoints import CheckpointSet
-    from harness.engine.handles import Engine
+    from harness.engine.engines import Engine
 
 EngineKind = Literal["llm", "ray_llm", "http"]
 RefitTarget = Literal["A", "B", "B_control"]

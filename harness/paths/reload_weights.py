@@ -11,7 +11,7 @@ from harness.paths.base import RefitTarget, ReloadPath, scratch_root
 from harness.spec import KnownIssue
 
 if TYPE_CHECKING:
-    from harness.engine.handles import Engine
+    from harness.engine.engines import Engine
 
 
 class ReloadWeightsFromDirectory(ReloadPath):

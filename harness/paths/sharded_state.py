@@ -13,7 +13,7 @@ from harness.paths.reload_weights import ReloadWeightsFromIterator
 from harness.spec import KnownIssue
 
 if TYPE_CHECKING:
-    from harness.engine.handles import Engine
+    from harness.engine.engines import Engine
 
 
 class ShardedStateRoundTrip(ReloadWeightsFromIterator):

@@ -93,7 +93,7 @@ if __name__ == "__main__":
 
 def is_stock(architecture: str | None) -> bool:
     """Not one of the harness's planted-bug fixtures nor a user's out-of-tree model."""
-    from harness.engine.plugin import EXTRA_MODELS_ENV, FIXTURE_ARCHITECTURES, extra_architectures
+    from harness.engine.vllm_plugin import EXTRA_MODELS_ENV, FIXTURE_ARCHITECTURES, extra_architectures
 
     try:
         extra = extra_architectures(os.environ.get(EXTRA_MODELS_ENV))

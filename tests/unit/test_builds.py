@@ -34,14 +34,14 @@ def test_shim_registers_the_plugin_once_in_a_foreign_interpreter(tmp_path):
     env = dict(os.environ, **build_env(BuildSpec("x", sys.executable), cache=tmp_path))
     code = ("from importlib.metadata import entry_points\n"
             "eps = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'refit_harness']\n"
-            "import harness.engine.plugin as p\n"
+            "import harness.engine.vllm_plugin as p\n"
             "print(len(eps), eps[0].value, p.__file__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     count, value, plugin_file = out.stdout.split()
-    assert (count, value) == ("1", "harness.engine.plugin:register")
-    assert Path(plugin_file).resolve() == (builds.HARNESS_PACKAGE / "engine" / "plugin.py").resolve()
+    assert (count, value) == ("1", "harness.engine.vllm_plugin:register")
+    assert Path(plugin_file).resolve() == (builds.HARNESS_PACKAGE / "engine" / "vllm_plugin.py").resolve()
     assert (shim_dir(tmp_path) / "harness").resolve() == builds.HARNESS_PACKAGE
     assert build_env(None) == {} and build_env(BuildSpec("own", "")) == {}
 

@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from harness.observe import walk_model
+from harness.census import walk_model
 from harness.recorder import ConsumptionRecorder, name_consumed
 
 REGISTRY: dict[str, torch.Tensor] = {}
