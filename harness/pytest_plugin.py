@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths.base import cuda_available
+from harness.device import cuda_available
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

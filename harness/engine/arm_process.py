@@ -113,7 +113,7 @@ def environment() -> tuple[tuple[str, str], ...]:
     import torch
     import vllm
 
-    from harness.census import DIGEST_ALGORITHM
+    from harness.worker.census import DIGEST_ALGORITHM
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     facts = [("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),

@@ -106,7 +106,7 @@ def test_scenario_with_builds_runs_each_build_and_checks_expectations(tmp_path, 
     import json
 
     from harness.cli import main
-    from harness.paths.base import cuda_available
+    from harness.device import cuda_available
     from scenarios import SCENARIOS
 
     if cuda_available():
