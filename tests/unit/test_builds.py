@@ -46,6 +46,15 @@ def test_shim_registers_the_plugin_once_in_a_foreign_interpreter(tmp_path):
     assert build_env(None) == {} and build_env(BuildSpec("own", "")) == {}
 
 
+def test_a_shim_naming_a_renamed_plugin_module_is_rewritten(tmp_path):
+    """A shim cached before engine/plugin.py became engine/vllm_plugin.py must not keep the old
+    entry point: vLLM would fail to load the plugin, and no fixture would be registered."""
+    entry_points = shim_dir(tmp_path) / "refit_harness-0+shim.dist-info" / "entry_points.txt"
+    entry_points.write_text("[vllm.general_plugins]\nrefit_harness = harness.engine.plugin:register\n")
+    shim_dir(tmp_path)
+    assert entry_points.read_text() == "[vllm.general_plugins]\nrefit_harness = harness.engine.vllm_plugin:register\n"
+
+
 def test_describe_reads_versions_from_the_build_itself(tmp_path):
     facts = builds.describe(BuildSpec("here", sys.executable), cache=tmp_path)
     from importlib.metadata import version
