@@ -34,7 +34,9 @@ browser:
 run: setup
 	$(VENV)/bin/refit-harness run $(RUN_ARGS)
 
+# The import contracts (pyproject.toml, [tool.importlinter]) first: they take seconds.
 test: setup browser
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup

@@ -41,7 +41,7 @@ Row = tuple[str, str, str, bool | None]  # figure, value, goal, met (None: no go
 def bench_digest(repeats: int) -> dict:
     import torch
 
-    from harness.observe import DIGEST_ALGORITHM, tensor_digest
+    from harness.worker.census import DIGEST_ALGORITHM, tensor_digest
 
     gen = torch.Generator().manual_seed(0)
     # 1.25 GB of model-like state: large matrices in float32 and bfloat16, and many small tensors.
@@ -104,8 +104,8 @@ def bench_digest(repeats: int) -> dict:
 
 def bench_kernel_capture(repeats: int) -> dict:
     from harness import checkpoints
-    from harness.engine.handles import LocalEngine
-    from harness.paths.base import EngineRequirements
+    from harness.engine.engines import LocalEngine
+    from harness.requirements import EngineRequirements
     from harness.pipeline import resolve_prompts
     from harness.plan import PathNeeds, make_plan
     from harness.spec import PromptSpec, RunSpec

@@ -88,12 +88,14 @@ def shim_dir(cache: Path = DEFAULT_CACHE) -> Path:
     root = cache / "shims" / key
     link = root / "harness"
     dist = root / "refit_harness-0+shim.dist-info"
-    if link.is_symlink() and Path(os.readlink(link)) == HARNESS_PACKAGE and (dist / "entry_points.txt").exists():
+    entry_points = "[vllm.general_plugins]\nrefit_harness = harness.engine.vllm_plugin:register\n"
+    # Compare the text, not just its presence: a shim written before a rename names a module that is gone.
+    if (link.is_symlink() and Path(os.readlink(link)) == HARNESS_PACKAGE and (dist / "entry_points.txt").exists()
+            and (dist / "entry_points.txt").read_text() == entry_points):
         return root
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: refit-harness\nVersion: 0+shim\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nrefit_harness = harness.engine.plugin:register\n")
+    (dist / "entry_points.txt").write_text(entry_points)
     tmp = root / f".harness-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(HARNESS_PACKAGE, target_is_directory=True)

@@ -24,6 +24,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.checkpoint_set import CheckpointSet  # noqa: F401  (plain data, kept importable from here)
 from harness.spec import ControlSpec, PerturbSpec
 
 DEFAULT_CACHE = Path(os.environ.get("REFIT_HARNESS_CACHE", Path.home() / ".cache" / "refit-harness"))
@@ -32,31 +33,6 @@ _INDEX = "model.safetensors.index.json"
 
 class CheckpointError(ValueError):
     """A checkpoint directory is missing or unreadable (a usage error, exit 2)."""
-
-
-@dataclass(frozen=True)
-class CheckpointSet:
-    """The three checkpoints an oracle run needs."""
-
-    a: str
-    """Directory of checkpoint A (the starting weights)."""
-    b: str
-    """Directory of checkpoint B (the refit target); differs from A in every tensor."""
-    b_control: str
-    """Directory of B' = B with ``control_tensor`` scaled: the planted difference."""
-    control_tensor: str
-    """Checkpoint name of the tensor scaled in B'."""
-    control_reason: str = ""
-    """Why this tensor: given by the user, or how it was chosen automatically."""
-    b_without_control: str | None = None
-    """B with ``control_tensor`` left out, for sabotaged refits (None unless asked for):
-    a refit from it leaves that one tensor where it was."""
-    b_damaged: str | None = None
-    """B heavily damaged (``--accuracy`` only): the accuracy probe's discriminating-power arm
-    cold-starts on it."""
-
-    def directory(self, key: str) -> str:
-        return {"A": self.a, "B": self.b, "B_control": self.b_control, "B_damaged": self.b_damaged}[key]
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,8 @@ def _interrupted(exc: KeyboardInterrupt, write) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from harness import store
     from harness.engine.fanout import FanoutSpec, check_ray_address
-    from harness.pipeline import RunRecord, UsageError, evaluate, execute
+    from harness.evaluation import RunRecord
+    from harness.pipeline import UsageError, evaluate, execute
     from harness.report import write_reports
 
     from harness.reference import reuse_by_default

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from harness.compare import TensorStatus, compare_outputs, compare_tensors
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 from harness.records import ArmResult, Observation
 
 Outcome = Literal["identical", "no measurable difference", "differs", "only in base", "only in pr", "not measured"]

@@ -13,13 +13,13 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from harness import checkpoints, reference, store
-from harness.checkpoints import CheckpointSet
-from harness.compare import PathComparison, compare_path
+from harness.compare import compare_path
 from harness.engine.fanout import FanoutSpec
+from harness.evaluation import Evaluation, RunRecord
 from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, sabotaged_twin
 from harness.records import ArmResult
 from harness.reference import ReferenceInputs
@@ -33,50 +33,6 @@ Progress = Callable[[str], None]
 
 class UsageError(ValueError):
     """Bad input from the user: one clear line, exit code 2."""
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What was asked and where things are: the root record of a report directory."""
-
-    spec: RunSpec
-    """The run's spec."""
-    checkpoints: CheckpointSet
-    """Resolved A, B and B'."""
-    plan: Plan
-    """Arms and skipped paths."""
-    git_sha: str
-    """Commit of the harness that ran."""
-    started: str
-    """UTC start time, ISO 8601."""
-    arm_env: tuple[tuple[str, str], ...] = ()
-    """Environment set for every arm of the run (OpenMP placement), the same for all, so numerics match."""
-    reference_key: str | None = None
-    """Content key of the cold-B reference and noise observations (``harness.reference``); None
-    when reference reuse was off. With ``plan.reused`` set, their results came from the cache."""
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Everything a report shows, derived from records on disk."""
-
-    record: RunRecord
-    """The run's root record."""
-    arms: tuple[ArmResult, ...]
-    """Results of the arms that have run."""
-    comparisons: tuple[PathComparison, ...]
-    """One per path that had a subject arm."""
-    verdicts: tuple[Verdict, ...]
-    """One per requested path, in request order."""
-
-    @property
-    def exit_code(self) -> int:
-        statuses = {v.status for v in self.verdicts}
-        if VerdictStatus.ERROR in statuses:
-            return 2
-        if statuses & {VerdictStatus.FAIL, VerdictStatus.INCONCLUSIVE, VerdictStatus.XPASS}:
-            return 1
-        return 0
 
 
 def validate(spec: RunSpec) -> None:

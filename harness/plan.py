@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness.builds import BuildSpec
-from harness.checkpoints import CheckpointSet
-from harness.paths.base import EngineRequirements, RefitTarget
+from harness.checkpoint_set import CheckpointSet
+from harness.requirements import EngineRequirements, RefitTarget
 from harness.records import ArmRole
 from harness.spec import AccuracyPrompts, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
 

@@ -6,21 +6,20 @@
   its items; a failing item prints its verdict reasons, not a traceback. At session end
   the scenario report is written to ``--refit-out``, or beside ``--junitxml``.
 - ``cpu``/``gpu`` markers; ``gpu`` items are skipped with a reason where there is no GPU.
-- ``run_oracle``: the real CLI run as a subprocess, for the harness's own tests.
+- ``--refit-fresh-reference``: reference reuse is on under pytest unless this is given.
+
+The harness's own test helpers (``run_cli``, ``run_oracle``) live in ``tests/``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness.paths.base import cuda_available
+from harness.device import cuda_available
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     from harness.reference import REUSE_ENV
 
-    # Reference reuse is on in tests (every run_oracle subprocess inherits it) unless asked
+    # Reference reuse is on in tests (every CLI subprocess they start inherits it) unless asked
     # otherwise here or by REFIT_HARNESS_REUSE_REFERENCE=0 (the nightly sets that).
     if config.getoption("--refit-fresh-reference"):
         os.environ[REUSE_ENV] = "0"
@@ -53,52 +52,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@dataclass(frozen=True)
-class OracleRun:
-    """What a CLI run left behind."""
-
-    exit_code: int
-    """Process exit code."""
-    out: Path
-    """Report directory."""
-    output: str
-    """Combined stdout/stderr."""
-
-    @property
-    def summary(self) -> dict:
-        return json.loads((self.out / "summary.json").read_text())
-
-    def csv(self, name: str):
-        import pandas as pd
-
-        return pd.read_csv(self.out / name)
-
-
-def run_cli(args: list[str], out: Path, extra_env: dict[str, str] | None = None, timeout: float = 1200) -> OracleRun:
-    env = dict(os.environ, **(extra_env or {}))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", *args, "--out", str(out)], capture_output=True,
-                          text=True, env=env, timeout=timeout)
-    return OracleRun(exit_code=proc.returncode, out=out, output=proc.stdout + proc.stderr)
-
-
-@pytest.fixture(scope="session")
-def run_oracle(tmp_path_factory: pytest.TempPathFactory):
-    """``run_oracle(name, *cli_args)``: run ``refit-harness run`` for real, once per name. Two
-    tests sharing a name must ask for the same run: which one comes first would otherwise
-    decide what the other one checks."""
-    cache: dict[str, tuple[tuple, OracleRun]] = {}
-
-    def _run(name: str, *args: str, extra_env: dict[str, str] | None = None) -> OracleRun:
-        asked = (args, tuple(sorted((extra_env or {}).items())))
-        if name not in cache:
-            cache[name] = asked, run_cli(["run", *args], tmp_path_factory.mktemp(name), extra_env)
-        if cache[name][0] != asked:
-            raise ValueError(f"run_oracle({name!r}) asked for {asked} after {cache[name][0]}")
-        return cache[name][1]
-
-    return _run
 
 
 class RefitFailure(Exception):

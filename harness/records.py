@@ -36,7 +36,7 @@ class TensorRecord:
     address: int
     """``data_ptr()`` at observation time; a change across a refit means the tensor was rebound."""
     digest: str
-    """blake3-128 (``harness.observe.DIGEST_ALGORITHM``) of the exact bytes in row-major order
+    """blake3-128 (``harness.worker.census.DIGEST_ALGORITHM``) of the exact bytes in row-major order
     (layout-independent); compared only with digests of the same harness version."""
     nan_count: int
     """Number of NaN elements (0 for non-float dtypes)."""

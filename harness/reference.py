@@ -37,9 +37,9 @@ CACHED_ROLES = ("reference", "noise")
 _ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCH", "PYTORCH_", "CUBLAS_", "NCCL_",
                  "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE", "LD_PRELOAD", "REFIT_HARNESS_MODELS")
 # Harness files whose code decides what a cold-B arm observes (paths relative to harness/).
-_OBSERVATION_CODE = ("observe.py", "recorder.py", "records.py", "store.py", "plan.py", "engine/arm_process.py",
-                     "engine/handles.py", "engine/worker_ext.py", "engine/plugin.py", "fixtures/*.py",
-                     "engine/tokenize.py", "accuracy.py")
+_OBSERVATION_CODE = ("worker/census.py", "worker/recorder.py", "worker/fixtures/*.py", "records.py", "store.py", "plan.py",
+                     "engine/arm_process.py", "engine/engines.py", "engine/worker_ext.py", "engine/vllm_plugin.py",
+                     "engine/tokenize.py", "accuracy.py", "architectures.py")
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def _record_digest(package_dir: Path) -> str:
 
 
 def device_name() -> str:
-    from harness.paths.base import cuda_available
+    from harness.device import cuda_available
 
     if cuda_available():
         try:
@@ -134,7 +134,7 @@ def device_name() -> str:
 
 
 def observation_code_digest(extra_models: str | None = None) -> str:
-    from harness.engine.plugin import extra_architectures
+    from harness.architectures import extra_architectures
 
     root = Path(__file__).parent
     files = sorted(f for pattern in _OBSERVATION_CODE for f in root.glob(pattern))

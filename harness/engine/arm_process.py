@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from harness import store
-from harness.engine.handles import Engine, build_engine
+from harness.engine.engines import Engine, build_engine
 from harness.plan import ArmPlan, sabotaged_twin
 from harness.records import (ArmResult, Completions, ConsumedTensor, HookRecord, Measurement, ModelInfo,
                              Observation, PromptOutput, TensorRecord, UnobservedRecord)
@@ -125,7 +125,7 @@ def environment() -> tuple[tuple[str, str], ...]:
     import torch
     import vllm
 
-    from harness.observe import DIGEST_ALGORITHM
+    from harness.worker.census import DIGEST_ALGORITHM
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     facts = [("vllm", vllm.__version__), ("torch", torch.__version__), ("device", device),

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.paths.base import cuda_available
+from harness.device import cuda_available
 from harness.plan import ArmPlan
 from harness.records import ArmResult
 

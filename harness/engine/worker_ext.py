@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from harness.observe import Unobserved, observe_entry, probe_linear_kernels, walk_model
-from harness.recorder import ConsumptionRecorder, name_consumed
 from harness.store import to_jsonable
+from harness.worker.census import Unobserved, observe_entry, probe_linear_kernels, walk_model
+from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
 
 class RefitObserver:

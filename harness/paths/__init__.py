@@ -9,7 +9,7 @@ for _name, _target in {
     "reload_kernel_format": "reload_weights:ReloadKernelFormat",
     "discard_reload": "reload_weights:DiscardThenReload",
     "transfer_gloo": "weight_transfer:TransferGloo",
-    "http_reload": "http_server:HTTPReload",
+    "http_reload": "http_reload:HTTPReload",
     "sharded_state": "sharded_state:ShardedStateRoundTrip",
     "dummy_start": "engine_states:DummyStart",
     "prefix_cache": "engine_states:PrefixCacheCoherence",

@@ -8,18 +8,15 @@ that run in arms.
 from __future__ import annotations
 
 import os
-import shutil
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from harness.spec import KnownIssue, Mode, PromptSpec
+from harness.device import cuda_available
+from harness.records import PromptOutput
+from harness.requirements import EngineRequirements, EngineRestart, RefitTarget
+from harness.spec import KnownIssue, PromptSpec
 
 if TYPE_CHECKING:
-    from harness.checkpoints import CheckpointSet
-    from harness.engine.handles import Engine
-
-EngineKind = Literal["llm", "ray_llm", "http"]
-RefitTarget = Literal["A", "B", "B_control"]
+    from harness.checkpoint_set import CheckpointSet
 
 
 def scratch_root() -> str | None:
@@ -31,43 +28,21 @@ def scratch_root() -> str | None:
     return root or None
 
 
-def cuda_available() -> bool:
-    """Planner-side test for CUDA, without importing torch or vLLM."""
-    return os.environ.get("HARNESS_DEVICE") == "gpu" or shutil.which("nvidia-smi") is not None
+class Engine(Protocol):
+    """What a path needs from a running engine. The arm's engines (``harness.engine.engines``)
+    provide it; the paths own the interface so that they need not import the engine side."""
 
+    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """``collective_rpc``: one result per worker rank."""
+        ...
 
-@dataclass(frozen=True)
-class EngineRequirements:
-    """How the subject engine of a path must be built. Paths with equal requirements
-    share one engine, one segment after another, so cold starts do not grow with paths."""
+    def generate(self, prompts: PromptSpec) -> tuple[PromptOutput, ...]:
+        """Greedy outputs for the fixed prompts."""
+        ...
 
-    kind: EngineKind = "llm"
-    """``llm``: ``vllm.LLM`` in the arm process; ``ray_llm``: ``LLM`` inside a Ray actor (as
-    RL frameworks run it, so a Ray trainer can drive it); ``http``: a real ``vllm serve``."""
-    load_format: str = "auto"
-    """``LLM(load_format=...)`` for the cold start (``dummy`` starts from random weights)."""
-    enable_prefix_caching: bool | None = None
-    """Override the run's prefix-caching setting."""
-    weight_transfer_backend: str | None = None
-    """Build the engine with ``WeightTransferConfig(backend=...)``."""
-    mode: Mode | None = None
-    """Override the run's eager/compiled mode."""
-    enable_sleep_mode: bool = False
-    """Build the engine with ``enable_sleep_mode=True``."""
-    restarts: bool = False
-    """The path ends the engine and starts a new one at every refit: it cannot share an
-    engine, and addresses or hook counts are not comparable across its refits."""
-
-
-@dataclass(frozen=True)
-class EngineRestart:
-    """What a refit returns when it replaces the engine: the arm closes the old engine
-    and cold-starts a new one from ``model`` with ``load_format``."""
-
-    model: str
-    """Directory the new engine starts from."""
-    load_format: str
-    """``LLM(load_format=...)`` of the new engine."""
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A method of ``vllm.LLM`` (``sleep``, ``reset_prefix_cache``, weight-transfer calls...)."""
+        ...
 
 
 class ReloadPath:

@@ -4,7 +4,7 @@ itself and adds only what its state needs."""
 
 from __future__ import annotations
 
-from harness.paths.base import EngineRequirements
+from harness.requirements import EngineRequirements
 from harness.paths.reload_weights import ReloadWeightsFromDirectory, ReloadWeightsFromIterator
 
 CPU_SLEEP = ("vLLM's CPUWorker.sleep() and wake_up() only log a warning and do nothing, so a sleep path "

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from typing import TYPE_CHECKING
 
-from harness.paths.base import RefitTarget, ReloadPath, scratch_root
+from harness.paths.base import Engine, ReloadPath, scratch_root
+from harness.requirements import RefitTarget
 from harness.spec import KnownIssue
-
-if TYPE_CHECKING:
-    from harness.engine.handles import Engine
 
 
 class ReloadWeightsFromDirectory(ReloadPath):

@@ -6,14 +6,11 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from harness.paths.base import EngineRequirements, EngineRestart, RefitTarget, scratch_root
+from harness.paths.base import Engine, scratch_root
+from harness.requirements import EngineRequirements, EngineRestart, RefitTarget
 from harness.paths.reload_weights import ReloadWeightsFromIterator
 from harness.spec import KnownIssue
-
-if TYPE_CHECKING:
-    from harness.engine.handles import Engine
 
 
 class ShardedStateRoundTrip(ReloadWeightsFromIterator):

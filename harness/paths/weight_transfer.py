@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from harness.paths.base import EngineRequirements, ReloadPath, cuda_available
+from harness.device import cuda_available
+from harness.paths.base import ReloadPath
+from harness.requirements import EngineRequirements
 
 
 def gpu_shares(backend: str | None, tensor_parallel_size: int, cuda: bool) -> tuple[float, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 from harness.report.html import render_html
 from harness.report.repro import repro_script
 from harness.report.summary import render_markdown, summary_dict

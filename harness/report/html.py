@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2330;padding:0 1rem}

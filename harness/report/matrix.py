@@ -10,7 +10,7 @@ from pathlib import Path
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 from harness.report.compare_page import CSS
 from harness.report.summary import md_text
 from harness.scenario import CellGroup

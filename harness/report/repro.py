@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 from harness.verdict import VerdictStatus
 
 # path -> (extra LLM(...) arguments, lines that refit `llm` to `b`), public vLLM API only.
@@ -93,7 +93,7 @@ if __name__ == "__main__":
 
 def is_stock(architecture: str | None) -> bool:
     """Not one of the harness's planted-bug fixtures nor a user's out-of-tree model."""
-    from harness.engine.plugin import EXTRA_MODELS_ENV, FIXTURE_ARCHITECTURES, extra_architectures
+    from harness.architectures import EXTRA_MODELS_ENV, FIXTURE_ARCHITECTURES, extra_architectures
 
     try:
         extra = extra_architectures(os.environ.get(EXTRA_MODELS_ENV))

@@ -6,7 +6,7 @@ import html
 from collections import Counter
 from typing import Any
 
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 from harness.store import SCHEMA_VERSION
 
 

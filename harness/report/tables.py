@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 from harness.store import SCHEMA_VERSION
 
 TENSOR_COLUMNS = ["schema_version", "path", "check", "tensor", "kind", "status", "address_moved",

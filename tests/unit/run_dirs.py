@@ -9,8 +9,8 @@ from pathlib import Path
 from harness import store
 from harness.checkpoints import CheckpointSet
 from harness.engine.runner import arm_files
+from harness.evaluation import RunRecord
 from harness.paths import PATHS
-from harness.pipeline import RunRecord
 from harness.plan import PathNeeds, make_plan
 from harness.spec import RunSpec
 from tests.records import A, B, arm, obs, segment

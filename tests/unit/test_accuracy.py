@@ -156,7 +156,7 @@ SPEC = AccuracySpec(file="f.jsonl", prompts=("2+3=", "1+1="), answers=("5", "2")
 
 def test_plan_measures_cold_b_after_the_first_refit_and_on_a_damaged_b():
     from harness.checkpoints import CheckpointSet
-    from harness.paths.base import EngineRequirements
+    from harness.requirements import EngineRequirements
     from harness.plan import PathNeeds, Step, make_plan
     from harness.spec import RunSpec, ThroughputSpec
 

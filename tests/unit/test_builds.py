@@ -34,16 +34,25 @@ def test_shim_registers_the_plugin_once_in_a_foreign_interpreter(tmp_path):
     env = dict(os.environ, **build_env(BuildSpec("x", sys.executable), cache=tmp_path))
     code = ("from importlib.metadata import entry_points\n"
             "eps = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'refit_harness']\n"
-            "import harness.engine.plugin as p\n"
+            "import harness.engine.vllm_plugin as p\n"
             "print(len(eps), eps[0].value, p.__file__)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     count, value, plugin_file = out.stdout.split()
-    assert (count, value) == ("1", "harness.engine.plugin:register")
-    assert Path(plugin_file).resolve() == (builds.HARNESS_PACKAGE / "engine" / "plugin.py").resolve()
+    assert (count, value) == ("1", "harness.engine.vllm_plugin:register")
+    assert Path(plugin_file).resolve() == (builds.HARNESS_PACKAGE / "engine" / "vllm_plugin.py").resolve()
     assert (shim_dir(tmp_path) / "harness").resolve() == builds.HARNESS_PACKAGE
     assert build_env(None) == {} and build_env(BuildSpec("own", "")) == {}
+
+
+def test_a_shim_naming_a_renamed_plugin_module_is_rewritten(tmp_path):
+    """A shim cached before engine/plugin.py became engine/vllm_plugin.py must not keep the old
+    entry point: vLLM would fail to load the plugin, and no fixture would be registered."""
+    entry_points = shim_dir(tmp_path) / "refit_harness-0+shim.dist-info" / "entry_points.txt"
+    entry_points.write_text("[vllm.general_plugins]\nrefit_harness = harness.engine.plugin:register\n")
+    shim_dir(tmp_path)
+    assert entry_points.read_text() == "[vllm.general_plugins]\nrefit_harness = harness.engine.vllm_plugin:register\n"
 
 
 def test_describe_reads_versions_from_the_build_itself(tmp_path):
@@ -106,7 +115,7 @@ def test_scenario_with_builds_runs_each_build_and_checks_expectations(tmp_path, 
     import json
 
     from harness.cli import main
-    from harness.paths.base import cuda_available
+    from harness.device import cuda_available
     from scenarios import SCENARIOS
 
     if cuda_available():

@@ -10,7 +10,7 @@ import pytest
 from harness.checkpoints import CheckpointSet
 from harness.compare import compare_path
 from harness.crossbuild import (NO_DIFFERENCE, CompareError, compare_builds, layer_of, parse_expectation)
-from harness.pipeline import Evaluation, RunRecord
+from harness.evaluation import Evaluation, RunRecord
 from harness.plan import Plan
 from harness.records import HookRecord
 from harness.report.compare_page import render_html, render_markdown, write_comparison

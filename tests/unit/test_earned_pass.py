@@ -9,9 +9,10 @@ import pytest
 from harness import store
 from harness.checkpoints import CheckpointSet
 from harness.compare import TensorStatus, classify, compare_consumed, compare_path
+from harness.evaluation import RunRecord
 from harness.paths import PATHS
 from harness.paths.base import ReloadPath
-from harness.pipeline import RunRecord, evaluate
+from harness.pipeline import evaluate
 from harness.plan import PathNeeds, make_plan
 from harness.records import ConsumedTensor
 from harness.spec import JudgePolicy, RunSpec

@@ -1,8 +1,8 @@
 import torch
 from torch import nn
 
-from harness.observe import walk_model
-from harness.recorder import ConsumptionRecorder, name_consumed
+from harness.worker.census import walk_model
+from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
 REGISTRY: dict[str, torch.Tensor] = {}
 

@@ -11,7 +11,7 @@ import pytest
 
 from harness import reference, store
 from harness.checkpoints import CheckpointSet
-from harness.paths.base import EngineRequirements
+from harness.requirements import EngineRequirements
 from harness.plan import PathNeeds, make_plan
 from harness.spec import EngineSpec, PromptSpec, RunSpec
 from tests.records import A, arm, obs
@@ -114,7 +114,7 @@ def test_changing_the_observation_code_changes_the_key(base, tmp_path, monkeypat
                                    ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(reference, "__file__", str(harness_copy / "reference.py"))
     assert key(b) == k  # the same code elsewhere
-    for name in ("observe.py", "recorder.py", "engine/worker_ext.py", "fixtures/models.py"):
+    for name in ("worker/census.py", "worker/recorder.py", "engine/worker_ext.py", "worker/fixtures/models.py"):
         original = (harness_copy / name).read_text()
         (harness_copy / name).write_text(original + "\n# changed\n")
         assert key(b) != k, name

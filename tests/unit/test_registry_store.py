@@ -8,7 +8,7 @@ from harness.plan import ArmPlan, PathNeeds, make_plan
 from harness.checkpoints import CheckpointSet
 from harness.records import ArmResult
 from harness.registry import Registry, UnknownName
-from harness.paths.base import EngineRequirements
+from harness.requirements import EngineRequirements
 from harness.spec import RunSpec
 
 NEEDS = PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A"))

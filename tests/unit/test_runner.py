@@ -25,7 +25,7 @@ def _server_that_prints(tmp_path, text: str):
     import subprocess
     import sys
 
-    from harness.engine.handles import HTTPEngine
+    from harness.engine.engines import HTTPEngine
 
     server = object.__new__(HTTPEngine)  # only the start-up watch, no vLLM
     server._log = open(tmp_path / "server.log", "w")

@@ -1,7 +1,7 @@
 import pytest
 
 from harness.compare import TensorStatus, compare_control, compare_tensors
-from harness.pipeline import Evaluation
+from harness.evaluation import Evaluation
 from harness.report.matrix import matrix_summary
 from harness.scenario import ModelRef, ScenarioSpec, expand
 from harness.spec import PerturbSpec
@@ -106,7 +106,7 @@ def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):
 
 def test_throughput_probe_steps_come_after_cold_b_and_after_the_first_refit_to_b():
     from harness.checkpoints import CheckpointSet
-    from harness.paths.base import EngineRequirements
+    from harness.requirements import EngineRequirements
     from harness.plan import PathNeeds, Step, make_plan
     from harness.spec import RunSpec, ThroughputSpec
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.observe import probe_linear_kernels, tensor_digest, walk_model
+from harness.worker.census import probe_linear_kernels, tensor_digest, walk_model
 
 
 class KernelObject:
@@ -75,11 +75,11 @@ def test_digest_is_exact_and_layout_independent():
 def test_digest_is_blake3_of_the_row_major_bytes_for_every_layout_and_chunking(monkeypatch):
     import blake3
 
-    from harness import observe
+    from harness.worker import census
 
     t = torch.randn(64, 48, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     expected = blake3.blake3(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest(length=16)
-    monkeypatch.setattr(observe, "_DIGEST_CHUNK_BYTES", 1000)  # several chunks of a few rows
+    monkeypatch.setattr(census, "_DIGEST_CHUNK_BYTES", 1000)  # several chunks of a few rows
     transposed = t.t().contiguous().t()  # same values, column-major memory
     assert not transposed.is_contiguous()
     assert tensor_digest(t) == tensor_digest(transposed) == tensor_digest(t[::1]) == expected
@@ -92,12 +92,12 @@ def test_digest_is_blake3_of_the_row_major_bytes_for_every_layout_and_chunking(m
 
 
 def test_digest_reads_a_contiguous_tensor_in_place(monkeypatch):
-    from harness import observe
+    from harness.worker import census
 
     t = torch.ones(1024, 1024)
     seen = []
-    real = observe._bytes_view
-    monkeypatch.setattr(observe, "_bytes_view", lambda d: seen.append(d.data_ptr()) or real(d))
+    real = census._bytes_view
+    monkeypatch.setattr(census, "_bytes_view", lambda d: seen.append(d.data_ptr()) or real(d))
     tensor_digest(t)
     assert seen == [t.data_ptr()]  # the tensor's own memory, no copy
 
@@ -131,7 +131,7 @@ class SSMProjection(nn.Module):
 
 
 def test_a_kernel_that_cannot_be_probed_is_unobserved_and_the_probe_goes_on():
-    from harness.observe import Unobserved
+    from harness.worker.census import Unobserved
 
     model = nn.Sequential(SSMProjection(), Hidden())
     unobserved: list[Unobserved] = []
@@ -145,7 +145,7 @@ def test_a_kernel_that_cannot_be_probed_is_unobserved_and_the_probe_goes_on():
 
 
 def test_a_tensor_that_cannot_be_digested_is_unobserved():
-    from harness.observe import CensusEntry, Unobserved, observe_entry
+    from harness.worker.census import CensusEntry, Unobserved, observe_entry
 
     class NoStorage(torch.Tensor):
         def data_ptr(self):

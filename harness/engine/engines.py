@@ -78,7 +78,8 @@ def sampling_params(prompts: PromptSpec):
 
 
 class Engine(ABC):
-    """What paths and observations need from a running engine."""
+    """What paths and observations need from a running engine (it satisfies ``harness.paths.base.Engine``,
+    the interface the paths own)."""
 
     @abstractmethod
     def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
@@ -131,7 +132,7 @@ class RayEngine(Engine):
 
             init_local_ray(ray, num_cpus=max(2, os.cpu_count() or 2), log_to_driver=False,
                            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
-        from harness.paths.base import cuda_available
+        from harness.device import cuda_available
         from harness.paths.weight_transfer import gpu_shares
 
         self._ray = ray

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.paths.base import EngineRequirements
+from harness.requirements import EngineRequirements
 from harness.paths.reload_weights import ReloadWeightsFromDirectory
 
 

@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness.observe import nan_count, tensor_digest
 from harness.records import ConsumedTensor
+from harness.worker.census import nan_count, tensor_digest
 
 
 class ConsumptionRecorder(TorchDispatchMode):

@@ -13,26 +13,7 @@ from __future__ import annotations
 
 import os
 
-FIXTURE_ARCHITECTURES = {
-    "StaleQKNormQwen3ForCausalLM": "harness.fixtures.models:StaleQKNormQwen3ForCausalLM",
-    "ReboundQKNormQwen3ForCausalLM": "harness.fixtures.models:ReboundQKNormQwen3ForCausalLM",
-    "InPlaceQKNormQwen3ForCausalLM": "harness.fixtures.models:InPlaceQKNormQwen3ForCausalLM",
-    "RegistryQKNormQwen3ForCausalLM": "harness.fixtures.models:RegistryQKNormQwen3ForCausalLM",
-    "InPlaceGainQwen3ForCausalLM": "harness.fixtures.models:InPlaceGainQwen3ForCausalLM",
-    "DerivedGainQwen3ForCausalLM": "harness.fixtures.models:DerivedGainQwen3ForCausalLM",
-    "FaultyReloadQwen3ForCausalLM": "harness.fixtures.models:FaultyReloadQwen3ForCausalLM",
-}
-EXTRA_MODELS_ENV = "REFIT_HARNESS_MODELS"
-
-
-def extra_architectures(value: str | None) -> dict[str, str]:
-    pairs = {}
-    for item in filter(None, (x.strip() for x in (value or "").split(","))):
-        arch, sep, target = item.partition("=")
-        if not sep or ":" not in target:
-            raise ValueError(f"{EXTRA_MODELS_ENV}: expected Arch=module:Class, got {item!r}")
-        pairs[arch.strip()] = target.strip()
-    return pairs
+from harness.architectures import EXTRA_MODELS_ENV, FIXTURE_ARCHITECTURES, extra_architectures
 
 
 def register() -> None:

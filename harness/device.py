@@ -1,0 +1,12 @@
+"""Which device this machine offers, decided without importing torch or vLLM (the planner,
+the CLI and the pytest plugin ask before any engine exists)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+
+def cuda_available() -> bool:
+    """Planner-side test for CUDA, without importing torch or vLLM."""
+    return os.environ.get("HARNESS_DEVICE") == "gpu" or shutil.which("nvidia-smi") is not None
