@@ -365,14 +365,18 @@ def segment_observations(subject: ArmResult, path: str) -> tuple[dict[str, Obser
 
 def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noise: ArmResult | None,
                  control_tensor: str, logprob_atol: float, expected: tuple[str, ...],
-                 same_mode: bool = True, same_engine: bool = True) -> PathComparison:
+                 same_mode: bool = True, same_engine: bool = True,
+                 refit_reference: ArmResult | None = None) -> PathComparison:
     """All checks for one path, from the arms' records. ``expected`` lists the labels the
     plan said this path's segment would observe (without the ``path/`` prefix).
     ``same_mode`` is False when the subject runs compiled and the reference eager: their
     recorded op sequences are different programs, so kernel inputs are not compared.
     ``same_engine`` is False when the path starts a new engine at every refit: addresses
-    and post-load hook counts then belong to different processes and are not compared."""
-    errors = tuple(f"{a.arm}: {a.error}" for a in (reference, noise, subject) if a is not None and a.status == "error")
+    and post-load hook counts then belong to different processes and are not compared.
+    ``refit_reference``: a cold B in the subject's own mode, when that is not the run's; the
+    refit is compared with it, while the noise floor stays the run's reference/noise pair."""
+    errors = tuple(f"{a.arm}: {a.error}" for a in (reference, noise, refit_reference, subject)
+                   if a is not None and a.status == "error")
     if reference is None or _first_obs(reference) is None:
         errors += ("reference arm (cold B) produced no observation",)
     obs, before = segment_observations(subject, path)
@@ -386,9 +390,12 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
     if ref is not None and noise is not None and _first_obs(noise) is not None:
         tensors += compare_tensors("noise", _first_obs(noise), ref)
         tokens += noise_tokens.values()
-    if ref is not None and "warm_B" in obs:
-        tensors += compare_tensors("refit", obs["warm_B"], ref, witness=before, before=moved_from, noisy=noisy)
-        tokens += compare_outputs("refit", obs["warm_B"], ref)
+    cold_b = _first_obs(refit_reference) if refit_reference is not None else ref
+    if refit_reference is not None and cold_b is None:
+        errors += (f"{refit_reference.arm} (cold B in the subject's mode) produced no observation",)
+    if cold_b is not None and "warm_B" in obs:
+        tensors += compare_tensors("refit", obs["warm_B"], cold_b, witness=before, before=moved_from, noisy=noisy)
+        tokens += compare_outputs("refit", obs["warm_B"], cold_b)
     if "warm_B" in obs and "warm_B_again" in obs:
         tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"],
                                    before=obs["warm_B"] if same_engine else None, noisy=noisy)

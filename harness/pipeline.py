@@ -20,7 +20,7 @@ from harness import checkpoints, reference, store
 from harness.compare import compare_path
 from harness.engine.fanout import FanoutSpec
 from harness.evaluation import Evaluation, RunRecord
-from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, sabotaged_twin
+from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, mode_reference_name, sabotaged_twin
 from harness.records import ArmResult
 from harness.reference import ReferenceInputs
 from harness.spec import RunSpec, shared_prefix_prompts, text_prompts
@@ -328,10 +328,13 @@ def evaluate(out: Path) -> Evaluation:
         # Segments in the order the engine ran them: the real ones, then the sabotaged twins.
         order = arm.paths + (tuple(sabotaged_twin(p) for p in arm.paths) if record.spec.sabotage else ())
 
+        # Plans made before mode references existed have none: the run's reference then serves.
+        own_mode = None if same_mode else results.get(mode_reference_name(mode))
+
         def compared(owner: str):
             return compare_path(owner, charged_to_segment(subject, owner, order), reference, noise, control,
                                 record.spec.judge.logprob_atol, _labels(arm, owner), same_mode=same_mode,
-                                same_engine=not arm.requirements.restarts)
+                                same_engine=not arm.requirements.restarts, refit_reference=own_mode)
 
         c = compared(path)
         comparisons.append(c)

@@ -130,6 +130,11 @@ def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False
     return tuple(steps)
 
 
+def mode_reference_name(mode: str) -> str:
+    """The cold-B arm in engine mode ``mode``, for subjects whose mode is not the run's."""
+    return f"reference-{mode}"
+
+
 def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNeeds],
               unavailable: dict[str, str]) -> Plan:
     """``paths`` maps each requested path to what the planner needs of it; ``unavailable``
@@ -167,6 +172,13 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
             steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
         arms.append(ArmPlan(name="subject-" + "+".join(members), role="subject", paths=tuple(members), start="A",
                             steps=steps, requirements=requirements, **common))
+    # A subject in another engine mode than the run's (the compiled path in an eager run) is
+    # compared with a cold B in its own mode: compiled and eager kernels round differently
+    # (bf16, measured: logprobs 0.004 apart and tokens diverging, with every tensor equal).
+    for mode in sorted({r.mode for r in groups if r.mode and r.mode != spec.engine.mode}):
+        arms.insert(2, ArmPlan(name=mode_reference_name(mode), role="mode_reference", paths=(), start="B",
+                               steps=(Step("observe", "cold_B"),), requirements=EngineRequirements(mode=mode),
+                               **common))
     if accuracy:  # the eval's discriminating power: does a damaged B score lower than B?
         arms.append(ArmPlan(name="damaged", role="damaged", paths=(), start="B_damaged",
                             steps=(Step("accuracy", "cold_B_damaged/accuracy"),), requirements=plain, **common))

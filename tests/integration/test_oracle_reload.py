@@ -55,6 +55,8 @@ def test_stock_qwen3_passes_every_cpu_path_with_control_detected(stock):
     assert set(refit[refit["status"] == "NOISY"]["tensor"].str.split("<").str[1]) == {"closure>.handler.handler_tensor"}
     tokens = rows(stock, "tokens.csv", check="refit")
     assert tokens[tokens["path"].isin(CPU_PATHS)]["first_divergence"].isna().all()
+    # The compiled path is judged against a compiled cold B of its own (an arm of the run).
+    assert [a["status"] for a in stock.summary["arms"] if a["arm"] == "reference-compiled"] == ["ok"]
 
 
 def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock):

@@ -26,7 +26,8 @@ MOE_CORRUPTED = ("qwen3-moe", "mixtral", "deepseek-v2", "granitemoe-hybrid")
 @pytest.fixture(scope="module")
 def zoo(run_oracle):
     only = [arg for label in TESTED for arg in ("--only", f"reload_weights[{label}-*")]
-    return run_oracle("zoo-reload", "-s", "zoo", *only)
+    # And the compiled path on Llama, sharing that group's cold-B arms (see the bf16 test below).
+    return run_oracle("zoo-reload", "-s", "zoo", *only, "--only", "compiled[llama-*")
 
 
 def grid(run) -> dict:
@@ -95,3 +96,15 @@ def test_qwen3_moe_repro_reproduces_the_divergence_with_vllm_alone(zoo, tmp_path
     prompts = json.loads((zoo.out / group("qwen3-moe") / "run.json").read_text())["data"]["plan"]["arms"][0]["prompts"]
     assert len(lines) == 2 * len(prompts["token_ids"]), proc.stdout  # cold B and A + refit, per prompt
     assert any("<- differs at token" in ln for ln in lines), proc.stdout
+
+
+def test_compiled_in_bf16_is_judged_against_a_compiled_cold_b(zoo):
+    """In bf16 a compiled engine rounds differently from an eager one (measured: logprobs
+    0.004 apart, tokens diverging, every tensor equal): judged against the eager cold B the
+    compiled path was a false FAIL. Against a compiled cold B of its own it passes, and its
+    sabotaged twin is still caught."""
+    path = cell(zoo, "llama")["paths"]["compiled"]
+    assert grid(zoo)[group("llama")]["compiled"] == "PASS", path["reasons"]
+    assert path["sabotage"]["caught"], path["sabotage"]
+    arms = {a["arm"]: a for a in cell(zoo, "llama")["arms"]}
+    assert arms["reference-compiled"]["status"] == "ok" and arms["reference-compiled"]["role"] == "mode_reference"
