@@ -71,12 +71,9 @@ class Evaluation:
 
     @property
     def exit_code(self) -> int:
-        statuses = {v.status for v in self.verdicts}
-        if VerdictStatus.ERROR in statuses:
-            return 2
-        if statuses & {VerdictStatus.FAIL, VerdictStatus.INCONCLUSIVE, VerdictStatus.XPASS}:
-            return 1
-        return 0
+        from harness import exit_codes
+
+        return exit_codes.for_verdicts(v.status for v in self.verdicts)
 
 
 def validate(spec: RunSpec) -> None:

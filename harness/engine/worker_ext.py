@@ -20,12 +20,9 @@ class RefitObserver:
     def refit_harness_reload_from_iterator(self, checkpoint_dir: str, exclude: list[str] | None = None) -> None:
         """reload_weights fed from memory, the way a colocated trainer hands over tensors;
         ``exclude``: names left out of the feed (a sabotaged refit)."""
-        from pathlib import Path
+        from harness import safetensors_files
 
-        from safetensors.torch import load_file
-
-        tensors = [item for f in sorted(Path(checkpoint_dir).glob("*.safetensors")) for item in load_file(str(f)).items()
-                   if item[0] not in (exclude or ())]
+        tensors = list(safetensors_files.tensors(safetensors_files.files(checkpoint_dir), exclude=exclude or ()))
         self.reload_weights(weights_iterator=iter(tensors))
 
     def refit_harness_save_kernel_state(self, directory: str) -> None:
@@ -46,12 +43,12 @@ class RefitObserver:
         in-place operation" on any parameter that requires grad (RMSNorm weights do).
         """
         import torch
-        from safetensors.torch import load_file
+
+        from harness import safetensors_files
 
         params = {name for name, _ in self.model_runner.get_model().named_parameters()}
         own = self._refit_harness_rank_dir(directory)
-        tensors = [item for f in sorted(own.glob("*.safetensors")) for item in load_file(str(f)).items()
-                   if item[0] in params and item[0] not in (exclude or ())]
+        tensors = list(safetensors_files.tensors(safetensors_files.files(own), exclude=exclude or (), only=params))
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
 

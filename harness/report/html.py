@@ -8,18 +8,7 @@ from typing import Any
 import pandas as pd
 
 from harness.pipeline import Evaluation
-
-_CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2330;padding:0 1rem}
-h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ccd;padding-bottom:.2rem}
-table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px solid #ccd;padding:.25rem .5rem;
-text-align:left;vertical-align:top}th{background:#eef0f5}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
-.PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA{background:#f9d6d5}
-.INCONCLUSIVE,.XPASS,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED,.XFAIL,.UNJUDGEABLE{background:#e6e6e6}.ERROR{background:#f2c1f2}
-details{margin:.4rem 0}summary{cursor:pointer}.badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
-background:#fff5f5;margin:.5rem 0}.muted{color:#667}
-"""
-
+from harness.report.style import CSS
 
 def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, tokens: pd.DataFrame,
                 consumed: pd.DataFrame, hooks: pd.DataFrame) -> str:
@@ -29,7 +18,7 @@ def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, 
              _unobserved(summary), _non_ok(tensors), _consumed(consumed), _hooks(hooks), _tokens(tokens), _arms(summary),
              _environment(summary)]
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
+            f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>")
 
 
 def _table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
