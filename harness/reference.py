@@ -39,7 +39,7 @@ _ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCH", "
 # Harness files whose code decides what a cold-B arm observes (paths relative to harness/).
 _OBSERVATION_CODE = ("observe.py", "recorder.py", "records.py", "store.py", "plan.py", "engine/arm_process.py",
                      "engine/handles.py", "engine/worker_ext.py", "engine/plugin.py", "fixtures/*.py",
-                     "engine/tokenize.py", "accuracy.py")
+                     "engine/tokenize.py", "accuracy.py", "engine/vllm_private.py")
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,6 @@ def sparse_patches(held: CheckpointSource, target: CheckpointSource) -> list:
 
 def trainer_init_info(backend: str, fields: dict[str, Any]) -> TrainerInitInfo:
     """The backend's own TrainerInitInfo class, looked up in vLLM's trainer factory."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from harness.engine.vllm_private import trainer_engine_class
 
-    engine_cls = WeightTransferTrainerFactory._registry[backend]()
-    return engine_cls.init_info_cls(**fields)
+    return trainer_engine_class(backend).init_info_cls(**fields)

@@ -12,7 +12,8 @@ from harness.store import to_jsonable
 
 
 class RefitObserver:
-    """Observation entry points that run inside each vLLM worker."""
+    """Observation entry points that run inside each vLLM worker (the model is vLLM's public
+    ``Worker.get_model()``; private vLLM API goes through ``harness.engine.vllm_private``)."""
 
     def refit_harness_ping(self) -> int:
         return int(getattr(self, "rank", 0))
@@ -46,7 +47,7 @@ class RefitObserver:
 
         from harness import safetensors_files
 
-        params = {name for name, _ in self.model_runner.get_model().named_parameters()}
+        params = {name for name, _ in self.get_model().named_parameters()}
         own = self._refit_harness_rank_dir(directory)
         tensors = list(safetensors_files.tensors(safetensors_files.files(own), exclude=exclude or (), only=params))
         with torch.no_grad():
@@ -55,7 +56,7 @@ class RefitObserver:
     def refit_harness_census(self, checkpoint_names: list[str] | None = None) -> dict[str, Any]:
         """The census; ``checkpoint_names`` are also mapped to the model's own names with
         vLLM's ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``)."""
-        model = self.model_runner.get_model()
+        model = self.get_model()
         self._refit_harness_watch_hooks(model)
         records, unobserved = [], []
         try:
@@ -85,7 +86,7 @@ class RefitObserver:
 
     def refit_harness_recorder_start(self) -> None:
         """Record the persistent inputs of every op until ``refit_harness_recorder_stop``."""
-        model = self.model_runner.get_model()
+        model = self.get_model()
         recorder = ConsumptionRecorder(model, self._refit_harness_kv_storages())
         recorder.__enter__()  # stays active on this thread across the next engine step
         self._refit_harness_recorder = recorder
@@ -95,7 +96,7 @@ class RefitObserver:
         recorder.__exit__(None, None, None)
         recorder.close()
         self._refit_harness_recorder = None
-        model = self.model_runner.get_model()
+        model = self.get_model()
         by_address: dict[int, str] = {}
         by_storage: dict[int, str] = {}
         for entry in walk_model(model, self._refit_harness_kv_storages()):
@@ -151,8 +152,10 @@ class RefitObserver:
 
     def _refit_harness_kv_storages(self) -> frozenset[int]:
         # The KV cache changes with every step; it is engine state, not weights.
+        from harness.engine.vllm_private import kv_cache_tensors
+
         ptrs = set()
-        for kv in getattr(self.model_runner, "kv_caches", None) or []:
+        for kv in kv_cache_tensors(self):
             for t in kv if isinstance(kv, (list, tuple)) else [kv]:
                 if t is not None and t.numel() > 0:
                     ptrs.add(t.untyped_storage().data_ptr())
@@ -161,8 +164,9 @@ class RefitObserver:
 
 def _vllm_names(model, names: list[str]) -> dict[str, str]:
     """Checkpoint name -> the name vLLM loads it as, where its weights mapper renames it."""
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    map_name = getattr(mapper, "map_name", None) or getattr(mapper, "_map_name", None)
+    from harness.engine.vllm_private import weights_name_mapper
+
+    map_name = weights_name_mapper(model)
     out = {}
     for name in names:
         try:
