@@ -24,11 +24,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import safetensors_files
 from harness.checkpoint_set import CheckpointSet  # noqa: F401  (plain data, kept importable from here)
 from harness.spec import ControlSpec, PerturbSpec
 
 DEFAULT_CACHE = Path(os.environ.get("REFIT_HARNESS_CACHE", Path.home() / ".cache" / "refit-harness"))
-_INDEX = "model.safetensors.index.json"
+_INDEX = safetensors_files.INDEX
 
 
 class CheckpointError(ValueError):
@@ -52,7 +53,7 @@ def weight_files(directory: str | Path) -> list[Path]:
     d = Path(directory)
     if not d.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {d}")
-    if not any(d.glob("*.safetensors")):
+    if not safetensors_files.files(d):
         raise CheckpointError(f"no *.safetensors files in checkpoint directory: {d}")
     if not (d / "config.json").is_file():
         raise CheckpointError(f"no config.json in checkpoint directory: {d}")
@@ -65,28 +66,23 @@ def weight_files(directory: str | Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{d / _INDEX} names shard {missing[0]!r}, which is not in {d}")
         return [d / s for s in shards]
-    return sorted(d.glob("*.safetensors"))
+    return safetensors_files.files(d)
 
 
 def _raw_header(file: Path) -> tuple[int, dict]:
     """(header length, header dict) of one safetensors file."""
     try:
-        with open(file, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            if n > 100 << 20:
-                raise ValueError(f"header of {n} bytes")
-            return n, json.loads(fh.read(n))
-    except (OSError, ValueError, struct.error) as exc:
-        raise CheckpointError(f"{file} is not a readable safetensors file: {exc}") from None
+        return safetensors_files.read_header(file)
+    except safetensors_files.UnreadableFile as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def read_headers(directory: str | Path) -> dict[str, TensorHeader]:
     """Every tensor of a checkpoint, from the file headers alone."""
     out: dict[str, TensorHeader] = {}
     for f in weight_files(directory):
-        for name, h in _raw_header(f)[1].items():
-            if name != "__metadata__":
-                out[name] = TensorHeader(dtype=h["dtype"], shape=tuple(h["shape"]), file=f.name)
+        for name, h in safetensors_files.tensor_entries(_raw_header(f)[1]):
+            out[name] = TensorHeader(dtype=h["dtype"], shape=tuple(h["shape"]), file=f.name)
     return out
 
 
@@ -125,12 +121,7 @@ def resolve_model(path_or_hub_id: str, allow_hub: bool = True) -> Path:
 
 def load_weights(directory: str | Path) -> dict:
     """Every tensor at once: for tests and tiny models only (B and B' are streamed)."""
-    from safetensors.torch import load_file
-
-    weights: dict = {}
-    for f in weight_files(directory):
-        weights.update(load_file(str(f)))
-    return weights
+    return dict(safetensors_files.tensors(weight_files(directory)))
 
 
 def fingerprint(directory: str | Path) -> str:
@@ -165,10 +156,9 @@ def write_streamed(source: str | Path, dest: Path, transform: Callable[[str, obj
             with open(f, "rb") as fh:  # the header verbatim: same names, dtypes, shapes, offsets
                 fh.seek(8)
                 out.write(fh.read(n))
-            for name, h in header.items():
-                if name != "__metadata__":
-                    begin, end = h["data_offsets"]
-                    layout[name] = (src, out, 8 + n + begin, end - begin)
+            for name, h in safetensors_files.tensor_entries(header):
+                begin, end = h["data_offsets"]
+                layout[name] = (src, out, 8 + n + begin, end - begin)
         for name in sorted(layout):
             src, out, offset, size = layout[name]
             before = src.get_tensor(name)
@@ -235,16 +225,17 @@ def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -
     if _complete(dest):
         return dest
     tmp = _staging_copy(source, dest)
-    index = tmp / "model.safetensors.index.json"
+    index = tmp / _INDEX
     if index.is_file():
         content = json.loads(index.read_text())
         content.get("weight_map", {}).pop(name, None)
         index.write_text(json.dumps(content, indent=2))
     for f in weight_files(source):
         n, header = _raw_header(f)
-        kept = {k: v for k, v in header.items() if k != name and k != "__metadata__"}
-        offset, new_header = 0, ({"__metadata__": header["__metadata__"]} if "__metadata__" in header else {})
-        for k, v in sorted(kept.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        kept = [(k, v) for k, v in safetensors_files.tensor_entries(header) if k != name]  # in data order
+        metadata = safetensors_files.METADATA
+        offset, new_header = 0, ({metadata: header[metadata]} if metadata in header else {})
+        for k, v in kept:
             size = v["data_offsets"][1] - v["data_offsets"][0]
             new_header[k] = {**v, "data_offsets": [offset, offset + size]}
             offset += size
@@ -252,8 +243,8 @@ def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -
         raw += b" " * (-len(raw) % 8)  # safetensors aligns the data to 8 bytes
         with open(f, "rb") as src, open(tmp / f.name, "wb") as out:
             out.write(struct.pack("<Q", len(raw)) + raw)
-            for k in sorted(kept, key=lambda k: kept[k]["data_offsets"][0]):
-                begin, end = kept[k]["data_offsets"]
+            for k, v in kept:
+                begin, end = v["data_offsets"]
                 src.seek(8 + n + begin)
                 remaining = end - begin
                 while remaining:

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from harness import exit_codes
 from harness.spec import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec
 
 
@@ -265,7 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _exit(code: int, errored: list[str], out: Path) -> int:
     """Exit 2 from ERROR verdicts says so in its one line too."""
-    if code != 2:
+    if code != exit_codes.INFRASTRUCTURE:
         return code
     return _fail(f"infrastructure error in {len(errored)} path(s) ({', '.join(errored[:4])}"
                  + (", ..." if len(errored) > 4 else "") + f"); the report says why; --resume {out} runs them again")
@@ -392,7 +393,7 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
                              [_relabel(e, labels) for e in args.expect])
     except CompareError as exc:
         return _fail(str(exc))
-    return 2 if 2 in codes else code
+    return exit_codes.combined(codes, [code])
 
 
 def _relabel(expect: str, labels: dict[str, str]) -> str:

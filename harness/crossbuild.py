@@ -14,16 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from harness import exit_codes
 from harness.compare import TensorStatus, compare_outputs, compare_tensors
 from harness.evaluation import Evaluation
 from harness.records import ArmResult, Observation
+from harness.verdict import FAILING as FAILING_STATUSES
+from harness.verdict import VerdictStatus
 
 Outcome = Literal["identical", "no measurable difference", "differs", "only in base", "only in pr", "not measured"]
 NO_DIFFERENCE = "no measurable difference"
-# A verdict moving from the left set to the right one is a regression when nothing was expected.
-GOOD = frozenset({"PASS", "XFAIL", "SKIPPED"})
-BAD = frozenset({"FAIL", "ERROR", "INCONCLUSIVE", "XPASS"})
-VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE", "SKIPPED", "ERROR", "XFAIL", "XPASS")
+VERDICTS = tuple(s.value for s in VerdictStatus)
+# A verdict moving from the left set to the right one is a regression when nothing was expected:
+# from one that exits 0 to one that does not.
+BAD = frozenset(s.value for s in exit_codes.BAD)
+GOOD = frozenset(VERDICTS) - BAD
 
 
 class CompareError(ValueError):
@@ -293,7 +297,7 @@ class BuildComparison:
 
     @property
     def exit_code(self) -> int:
-        return 0 if all(e.met for e in self.expectations) else 1
+        return exit_codes.for_expectations(e.met for e in self.expectations)
 
     def build(self, label: str) -> BuildFacts | None:
         return next((b for b in self.builds if b.label == label), None)
@@ -448,7 +452,7 @@ def _statuses(ev: Evaluation | None) -> dict[tuple[str, str, str], tuple[str, st
             if d.check != "noise"}
 
 
-FAILING = {s.value for s in (TensorStatus.STALE, TensorStatus.CORRUPT, TensorStatus.MISSING, TensorStatus.EXTRA)}
+FAILING = {s.value for s in FAILING_STATUSES}  # tensor statuses that decide a verdict
 
 
 def status_changes(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[TensorStatusChange, ...]:

@@ -13,7 +13,7 @@ from harness.compare import PathComparison
 from harness.plan import Plan
 from harness.records import ArmResult
 from harness.spec import RunSpec
-from harness.verdict import Verdict, VerdictStatus
+from harness.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,6 @@ class Evaluation:
 
     @property
     def exit_code(self) -> int:
-        statuses = {v.status for v in self.verdicts}
-        if VerdictStatus.ERROR in statuses:
-            return 2
-        if statuses & {VerdictStatus.FAIL, VerdictStatus.INCONCLUSIVE, VerdictStatus.XPASS}:
-            return 1
-        return 0
+        from harness import exit_codes
+
+        return exit_codes.for_verdicts(v.status for v in self.verdicts)

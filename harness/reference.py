@@ -39,7 +39,8 @@ _ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "TORCH", "
 # Harness files whose code decides what a cold-B arm observes (paths relative to harness/).
 _OBSERVATION_CODE = ("worker/census.py", "worker/recorder.py", "worker/fixtures/*.py", "records.py", "store.py", "plan.py",
                      "engine/arm_process.py", "engine/engines.py", "engine/worker_ext.py", "engine/vllm_plugin.py",
-                     "engine/tokenize.py", "accuracy.py", "architectures.py")
+                     "engine/tokenize.py", "accuracy.py", "architectures.py",
+                     "engine/vllm_private.py", "safetensors_files.py", "loopback.py")
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,45 @@
 """Versioned records on disk.
 
 Every file carries ``schema_version``; ``load`` refuses files from a newer harness and
-upgrades older ones through ``_MIGRATIONS`` (none yet: this is version 1).
-Frozen dataclasses round-trip through plain JSON.
+upgrades older ones through the registered ``MIGRATIONS`` (none yet: this is version 1).
+Frozen dataclasses are written as plain JSON and validated on load by pydantic over the
+same dataclasses: a missing field, an unknown one, or a value of the wrong type (``"abc"``
+for a tuple) is a ``SchemaError``, never a half-built record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tempfile
-import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pydantic
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
 
-# version N -> function upgrading a payload from N to N+1
-_MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
+Migration = Callable[[dict], dict]
+MIGRATIONS: dict[int, Migration] = {}
+"""version N -> the function upgrading a whole payload (``schema_version``, ``kind``,
+``data``) from N to N+1; it returns the payload with ``schema_version`` N+1."""
+OLDEST_READABLE = 1
+"""Version 0 predates the record format and has no migration."""
+
+
+def migration(version: int) -> Callable[[Migration], Migration]:
+    """Register the upgrade of a payload from ``version`` to ``version + 1``."""
+    def register(upgrade: Migration) -> Migration:
+        if version in MIGRATIONS:
+            raise ValueError(f"a migration from schema version {version} is already registered")
+        MIGRATIONS[version] = upgrade
+        return upgrade
+    return register
 
 
 class SchemaError(ValueError):
@@ -39,27 +58,31 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def from_jsonable(tp: Any, data: Any) -> Any:
-    """Rebuild a value of type ``tp`` (dataclasses, tuples, optionals) from JSON data."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        kwargs = {f.name: from_jsonable(hints[f.name], data[f.name])
-                  for f in dataclasses.fields(tp) if f.name in data}
-        return tp(**kwargs)
-    if origin in (typing.Union, types.UnionType):
-        if data is None:
-            return None
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        return from_jsonable(options[0], data) if len(options) == 1 else data
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(from_jsonable(args[0], x) for x in data)
-        return tuple(from_jsonable(a, x) for a, x in zip(args, data))
-    if tp is float and data == "NaN":
-        return float("nan")
-    return data
+def _forbid_unknown_fields(tp: Any, seen: set) -> None:
+    """Every dataclass reachable from ``tp`` rejects fields it does not declare (pydantic
+    ignores them by default, and takes a dataclass's own config, not the adapter's)."""
+    if tp in seen:
+        return
+    seen.add(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if "__pydantic_config__" not in vars(tp):
+            tp.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
+        for hint in typing.get_type_hints(tp).values():
+            _forbid_unknown_fields(hint, seen)
+    for arg in typing.get_args(tp):
+        _forbid_unknown_fields(arg, seen)
+
+
+@functools.cache
+def _adapter(tp: Any) -> pydantic.TypeAdapter:
+    _forbid_unknown_fields(tp, set())
+    return pydantic.TypeAdapter(tp)
+
+
+def from_jsonable(tp: type[T], data: Any) -> T:
+    """Validate JSON data as a ``tp`` (dataclasses, tuples, optionals, literals; ``"NaN"`` for
+    a float). Raises ``pydantic.ValidationError`` naming every field that is wrong."""
+    return _adapter(tp).validate_python(data)
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
@@ -133,16 +156,33 @@ def load(tp: type[T], path: Path, kind: str) -> T:
     if not isinstance(payload, dict):
         raise SchemaError(f"{path}: not a refit-harness record (a JSON {type(payload).__name__})")
     version = payload.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or not OLDEST_READABLE <= version <= SCHEMA_VERSION:
         raise SchemaError(f"{path}: schema_version {version!r} is not readable by this harness "
-                          f"(reads 1 to {SCHEMA_VERSION})")
+                          f"(reads {OLDEST_READABLE} to {SCHEMA_VERSION})")
     if payload.get("kind") != kind:
         raise SchemaError(f"{path}: expected a {kind!r} record, found {payload.get('kind')!r}")
-    while version < SCHEMA_VERSION:
-        payload = _MIGRATIONS[version](payload)
-        version += 1
+    payload = migrate(payload, path)
+    if "data" not in payload:
+        raise SchemaError(f"{path}: a {kind!r} record of version {version} with the wrong structure (no 'data')")
     try:
         return from_jsonable(tp, payload["data"])
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the record"
         raise SchemaError(f"{path}: a {kind!r} record of version {version} with the wrong structure "
-                          f"({type(exc).__name__}: {exc})") from exc
+                          f"({exc.error_count()} error(s); first: {where}: {first['msg']})") from exc
+
+
+def migrate(payload: dict, path: Path | str = "record") -> dict:
+    """Upgrade a payload, one registered migration per version, to ``SCHEMA_VERSION``."""
+    version = payload["schema_version"]
+    while version < SCHEMA_VERSION:
+        if version not in MIGRATIONS:
+            raise SchemaError(f"{path}: schema_version {version} is not readable by this harness "
+                              f"(no migration from version {version})")
+        payload = MIGRATIONS[version](payload)
+        if payload.get("schema_version") != version + 1:
+            raise SchemaError(f"{path}: the migration from schema version {version} did not produce version "
+                              f"{version + 1}")
+        version += 1
+    return payload

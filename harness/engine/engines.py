@@ -117,7 +117,9 @@ class LocalEngine(Engine):
     def close(self, wait=False):
         llm, self.llm = self.llm, None
         if wait and llm is not None:
-            llm.llm_engine.engine_core.shutdown()  # ~5 s of graceful worker exit
+            from harness.engine.vllm_private import shutdown_engine_core
+
+            shutdown_engine_core(llm)  # ~5 s of graceful worker exit
 
 
 class RayEngine(Engine):

@@ -33,6 +33,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from harness import loopback, safetensors_files
+
 _TIMEOUT = timedelta(seconds=300)
 
 
@@ -54,27 +56,19 @@ def _gloo_group(host: str, port: int, rank: int, world_size: int):
         listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listen.bind((host, port))
         listen.listen()
-    loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    on_loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     saved = os.environ.get("GLOO_SOCKET_IFNAME")
-    if loopback:
-        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+    if on_loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback.interface()
     try:
         return stateless_init_torch_distributed_process_group(host, port, rank, world_size, backend="gloo",
                                                               timeout=_TIMEOUT, listen_socket=listen)
     finally:
-        if loopback:
+        if on_loopback:
             if saved is None:
                 os.environ.pop("GLOO_SOCKET_IFNAME", None)
             else:
                 os.environ["GLOO_SOCKET_IFNAME"] = saved
-
-
-def loopback_interface() -> str:
-    """Name of the loopback interface (``lo`` on Linux)."""
-    for _, name in socket.if_nameindex():
-        if name == "lo" or name.startswith("lo"):
-            return name
-    return "lo"
 
 
 def _broadcast(group, tensor: torch.Tensor, root: int = 0) -> None:
@@ -204,35 +198,17 @@ class CheckpointSource(WeightSource):
         self.device = device
         self.exclude = frozenset(exclude)
 
-    def _names(self) -> Iterator[tuple[object, str]]:
-        from safetensors import safe_open
-
-        for f in sorted(self.directory.glob("*.safetensors")):
-            with safe_open(str(f), framework="pt") as sf:
-                yield from ((sf, name) for name in sf.keys() if name not in self.exclude)
+    def _files(self) -> list[Path]:
+        return safetensors_files.files(self.directory)
 
     def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(name=name, dtype=_dtype(sf.get_slice(name).get_dtype()),
-                          shape=tuple(sf.get_slice(name).get_shape())) for sf, name in self._names()]
+        # From the headers, in the order ``__iter__`` reads the tensors.
+        return [ParamMeta(name=name, dtype=safetensors_files.torch_dtype(entry["dtype"]), shape=tuple(entry["shape"]))
+                for f in self._files() for name, entry in safetensors_files.tensor_entries(safetensors_files.read_header(f)[1])
+                if name not in self.exclude]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for sf, name in self._names():
-            yield name, sf.get_tensor(name).to(self.device)
-
-
-_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-                       "I64": torch.int64, "I32": torch.int32, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
-
-
-def _dtype(code: str) -> torch.dtype:
-    return _SAFETENSORS_DTYPES[code]
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return safetensors_files.tensors(self._files(), exclude=self.exclude, device=self.device)
 
 
 class TrainerActor:
@@ -299,7 +275,6 @@ def sparse_patches(held: CheckpointSource, target: CheckpointSource) -> list:
 
 def trainer_init_info(backend: str, fields: dict[str, Any]) -> TrainerInitInfo:
     """The backend's own TrainerInitInfo class, looked up in vLLM's trainer factory."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from harness.engine.vllm_private import trainer_engine_class
 
-    engine_cls = WeightTransferTrainerFactory._registry[backend]()
-    return engine_cls.init_info_cls(**fields)
+    return trainer_engine_class(backend).init_info_cls(**fields)

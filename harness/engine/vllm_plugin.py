@@ -31,7 +31,9 @@ def register_gloo_transfer() -> None:
     """The CPU twin of the NCCL weight-transfer backend, in both of vLLM's factories."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
+    from harness.engine.vllm_private import transfer_backend_registered
+
     for factory, cls in ((WeightTransferEngineFactory, "GlooWeightTransferEngine"),
                          (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine")):
-        if "gloo" not in factory._registry:  # the plugin runs once per process, but be idempotent
+        if not transfer_backend_registered(factory, "gloo"):  # the plugin runs once per process, but be idempotent
             factory.register_engine("gloo", "harness.engine.transfer", cls)

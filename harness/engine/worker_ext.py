@@ -12,7 +12,8 @@ from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
 
 class RefitObserver:
-    """Observation entry points that run inside each vLLM worker."""
+    """Observation entry points that run inside each vLLM worker (the model is vLLM's public
+    ``Worker.get_model()``; private vLLM API goes through ``harness.engine.vllm_private``)."""
 
     def refit_harness_ping(self) -> int:
         return int(getattr(self, "rank", 0))
@@ -20,12 +21,9 @@ class RefitObserver:
     def refit_harness_reload_from_iterator(self, checkpoint_dir: str, exclude: list[str] | None = None) -> None:
         """reload_weights fed from memory, the way a colocated trainer hands over tensors;
         ``exclude``: names left out of the feed (a sabotaged refit)."""
-        from pathlib import Path
+        from harness import safetensors_files
 
-        from safetensors.torch import load_file
-
-        tensors = [item for f in sorted(Path(checkpoint_dir).glob("*.safetensors")) for item in load_file(str(f)).items()
-                   if item[0] not in (exclude or ())]
+        tensors = list(safetensors_files.tensors(safetensors_files.files(checkpoint_dir), exclude=exclude or ()))
         self.reload_weights(weights_iterator=iter(tensors))
 
     def refit_harness_save_kernel_state(self, directory: str) -> None:
@@ -46,19 +44,19 @@ class RefitObserver:
         in-place operation" on any parameter that requires grad (RMSNorm weights do).
         """
         import torch
-        from safetensors.torch import load_file
 
-        params = {name for name, _ in self.model_runner.get_model().named_parameters()}
+        from harness import safetensors_files
+
+        params = {name for name, _ in self.get_model().named_parameters()}
         own = self._refit_harness_rank_dir(directory)
-        tensors = [item for f in sorted(own.glob("*.safetensors")) for item in load_file(str(f)).items()
-                   if item[0] in params and item[0] not in (exclude or ())]
+        tensors = list(safetensors_files.tensors(safetensors_files.files(own), exclude=exclude or (), only=params))
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
 
     def refit_harness_census(self, checkpoint_names: list[str] | None = None) -> dict[str, Any]:
         """The census; ``checkpoint_names`` are also mapped to the model's own names with
         vLLM's ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``)."""
-        model = self.model_runner.get_model()
+        model = self.get_model()
         self._refit_harness_watch_hooks(model)
         records, unobserved = [], []
         try:
@@ -88,7 +86,7 @@ class RefitObserver:
 
     def refit_harness_recorder_start(self) -> None:
         """Record the persistent inputs of every op until ``refit_harness_recorder_stop``."""
-        model = self.model_runner.get_model()
+        model = self.get_model()
         recorder = ConsumptionRecorder(model, self._refit_harness_kv_storages())
         recorder.__enter__()  # stays active on this thread across the next engine step
         self._refit_harness_recorder = recorder
@@ -98,7 +96,7 @@ class RefitObserver:
         recorder.__exit__(None, None, None)
         recorder.close()
         self._refit_harness_recorder = None
-        model = self.model_runner.get_model()
+        model = self.get_model()
         by_address: dict[int, str] = {}
         by_storage: dict[int, str] = {}
         for entry in walk_model(model, self._refit_harness_kv_storages()):
@@ -154,8 +152,10 @@ class RefitObserver:
 
     def _refit_harness_kv_storages(self) -> frozenset[int]:
         # The KV cache changes with every step; it is engine state, not weights.
+        from harness.engine.vllm_private import kv_cache_tensors
+
         ptrs = set()
-        for kv in getattr(self.model_runner, "kv_caches", None) or []:
+        for kv in kv_cache_tensors(self):
             for t in kv if isinstance(kv, (list, tuple)) else [kv]:
                 if t is not None and t.numel() > 0:
                     ptrs.add(t.untyped_storage().data_ptr())
@@ -164,8 +164,9 @@ class RefitObserver:
 
 def _vllm_names(model, names: list[str]) -> dict[str, str]:
     """Checkpoint name -> the name vLLM loads it as, where its weights mapper renames it."""
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    map_name = getattr(mapper, "map_name", None) or getattr(mapper, "_map_name", None)
+    from harness.engine.vllm_private import weights_name_mapper
+
+    map_name = weights_name_mapper(model)
     out = {}
     for name in names:
         try:

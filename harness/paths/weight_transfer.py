@@ -53,10 +53,11 @@ class WeightTransferPath(ReloadPath):
     def _connect(self, engine):
         import ray
 
-        from harness.engine.transfer import TrainerActor, free_loopback_port
+        from harness.engine.transfer import TrainerActor
+        from harness.loopback import free_port
 
         ranks = len(engine.rpc("refit_harness_ping"))
-        fields = self.trainer_fields(free_loopback_port(), 1 + ranks)
+        fields = self.trainer_fields(free_port(), 1 + ranks)
         _, gpus = gpu_shares(self.backend, ranks, cuda_available())
         # Segments start at A; a sparse trainer diffs against what the engine holds.
         trainer = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerActor).remote(engine.actor, fields, self.backend,

@@ -1,230 +1,195 @@
-"""index.html: one self-contained page (inline CSS, no scripts, no network)."""
+"""index.html: one self-contained page (inline CSS, no scripts, no network), rendered from a
+Jinja2 template with autoescaping: every value from a record (names, reasons, errors, token
+ids) is text, never markup, without an ``escape`` call at each site."""
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
 import pandas as pd
+from jinja2 import Environment, select_autoescape
+from markupsafe import Markup
 
 from harness.evaluation import Evaluation
+from harness.report.style import CSS
+from harness.verdict import FAILING
 
-_CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2330;padding:0 1rem}
-h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ccd;padding-bottom:.2rem}
-table{border-collapse:collapse;margin:.5rem 0;font-size:13px}td,th{border:1px solid #ccd;padding:.25rem .5rem;
-text-align:left;vertical-align:top}th{background:#eef0f5}code,.mono{font-family:ui-monospace,monospace;font-size:12px}
-.PASS,.OK{background:#d9f2dd}.FAIL,.STALE,.CORRUPT,.MISSING,.EXTRA{background:#f9d6d5}
-.INCONCLUSIVE,.XPASS,.NOISY,.REBOUND{background:#fbefc8}.SKIPPED,.XFAIL,.UNJUDGEABLE{background:#e6e6e6}.ERROR{background:#f2c1f2}
-details{margin:.4rem 0}summary{cursor:pointer}.badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}.first{border-left:4px solid #c0392b;padding:.3rem .8rem;
-background:#fff5f5;margin:.5rem 0}.muted{color:#667}
+_ENV = Environment(autoescape=select_autoescape(default=True, default_for_string=True), trim_blocks=True,
+                   lstrip_blocks=True)
+_ENV.filters["g3"] = lambda value: f"{value:.3g}"
+
+# Single-quoted attributes, as the page has always had them (tests and tools look for id='...').
+TEMPLATE = """\
+{% macro badge(status) %}<span class='badge {{ status }}'>{{ status }}</span>{% endmacro %}
+{% macro head(headers) %}<table><thead><tr>{% for h in headers %}<th>{{ h }}</th>{% endfor %}</tr></thead><tbody>{% endmacro %}
+{# A completion decoded by the checkpoint's own tokenizer (text prompts), under its token ids. #}
+{% macro decoded(text) %}{% if text is string %}<div class='decoded'>“{{ text }}”</div>{% endif %}{% endmacro %}
+{% macro code_lines(items) %}{% for x in items %}<code>{{ x }}</code>{% if not loop.last %}<br>{% endif %}{% endfor %}{% endmacro %}
+<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title><style>{{ css }}</style></head><body>
+<h1>refit-harness report</h1><p class='muted'>Oracle: warm A→B through each path vs a cold start on B, with cold A as witness. Started {{ started }}.</p>
+<section id='verdicts'><h2>Verdicts</h2>{{ head(["path", "verdict", "positive control", "reasons"]) }}
+{% for name, p in paths.items() %}
+<tr class=''><td><code>{{ name }}</code></td><td>{{ badge(p.verdict) }}</td><td>
+{%- if p.positive_control is none %}—{% elif p.positive_control.detected %}detected{% else %}<b>missed</b>{% endif %}</td><td>
+{%- for r in p.reasons %}{{ r }}{% if not loop.last %}<br>{% endif %}{% else %}—{% endfor %}</td></tr>
+{% endfor %}
+</tbody></table></section>
+<section id='first-divergence'><h2>First divergence</h2>
+{% for name, p in divergent %}
+<div class='first'><b>{{ name }}</b>: {% if p.first_divergent_kernel_input %}first divergent kernel input: <code>{{ p.first_divergent_kernel_input }}</code>{% endif %}
+{% if p.first_divergent_kernel_input and p.first_divergent_tensor %}<br>{% endif %}
+{% if p.first_divergent_tensor %}first divergent tensor: <code>{{ p.first_divergent_tensor }}</code>{% endif %}</div>
+{% else %}
+<p>No tensor differs after any refit.</p>
+{% endfor %}
+</section>
+<section id='positive-control'><h2>Positive control</h2><p class='muted'>B′ = B with one checkpoint tensor scaled. Warm B′ vs warm B must differ at the module that tensor loads into; otherwise the verdict is INCONCLUSIVE.</p>
+<p>Scaled tensor: <code>{{ checkpoints.control_tensor }}</code>, {{ checkpoints.control_reason or 'given' }}.</p>
+{{ head(["path", "detected", "scaled tensor", "expected modules", "seen at", "outputs moved", "max logprob shift"]) }}
+{% for name, p in paths.items() if p.positive_control is not none %}
+{% set ctl = p.positive_control %}
+<tr class=''><td><code>{{ name }}</code></td><td>{{ badge("OK" if ctl.detected else "FAIL") }}</td><td><code>{{ ctl.checkpoint_tensor }}</code></td><td>{{ code_lines(ctl.expected_modules) }}</td><td>{{ code_lines(ctl.localized_to) if ctl.localized_to else "—" }}</td><td>{% if ctl.tokens_moved %}yes{% else %}<b>no</b>{% endif %}</td><td>{{ ctl.max_logprob_shift|g3 }}</td></tr>
+{% endfor %}
+</tbody></table></section>
+<section id='sabotage'><h2>Sabotage controls</h2>
+{% if sabotaged %}
+<p class='muted'>Each path's sabotaged twin skips or breaks the one step the path exists for, in the same engine. It must FAIL with what it planted; otherwise the path's PASS is INCONCLUSIVE.</p>
+{{ head(["path", "caught", "sabotage", "twin verdict", "evidence"]) }}
+{% for name, so in sabotaged %}
+<tr class=''><td><code>{{ name }}</code></td><td>{{ badge("OK" if so.caught else "FAIL") }}</td><td>{{ so.sabotage }}</td><td>{{ badge(so.twin_verdict) }}</td><td>{{ so.detail }}</td></tr>
+{% endfor %}
+</tbody></table>
+{% else %}
+<p class='muted'>Not run (use --sabotage): no path has shown here that it could fail.</p>
+{% endif %}
+</section>
+{% if accuracy %}
+<section id='accuracy'><h2>Accuracy (--accuracy)</h2><p class='muted'>Exact match of the completion's first line over {{ accuracy['items'] }} item(s) of <code>{{ accuracy.file }}</code>; invalid: an empty first line. Tokenizer: {{ accuracy.tokenizer|join(', ') or '?' }}. Full list in accuracy.csv.</p>
+<p>Outcome: <b>{{ accuracy.outcome }}</b></p>
+{% if not accuracy.discriminating_power %}
+<p class='first'><b>No discriminating power:</b> the damaged copy of B scores no lower than cold B, so this eval cannot tell a broken model from a good one. No accuracy result here is a pass.</p>
+{% endif %}
+{{ head(["point", "arm", "correct", "invalid", "status"]) }}
+{% for p in accuracy.points %}
+<tr class='{{ "FAIL" if p.status == "differs from cold B" else "" }}'><td><code>{{ p.point }}</code></td><td>{{ p.arm }}</td><td>{{ p.correct }}/{{ p.total }}</td><td>{{ p.invalid }}/{{ p.total }}</td><td>{{ p.status or "—" }}</td></tr>
+{% endfor %}
+</tbody></table></section>
+{% endif %}
+<section id='noise-floor'><h2>Noise floor (cold B vs cold B)</h2>
+<p>Tensors that differ between two cold starts (not judged): {% for t in noise.differing_tensors %}<code>{{ t }}</code>{% if not loop.last %}, {% endif %}{% else %}none{% endfor %}</p>
+{{ head(["prompt", "first divergence", "max logprob diff"]) }}
+{% for k, v in noise.tokens.items() %}
+<tr class=''><td>{{ k }}</td><td>{{ "identical" if v.first_divergence is none else v.first_divergence }}</td><td>{{ v.max_logprob_diff|g3 }}</td></tr>
+{% endfor %}
+</tbody></table></section>
+{% if unobserved.count %}
+<section id='unobserved'><h2>Unobserved ({{ unobserved.count }})</h2><p class='muted'>Reached by the census but impossible to observe here, so never judged; the rest of each observation went on.</p>
+{{ head(["name", "kind", "reason", "arms"]) }}
+{% for i in unobserved['items'] %}
+<tr class=''><td><code>{{ i.name }}</code></td><td>{{ i.kind }}</td><td>{{ i.reason }}</td><td>{{ i.arms|join(', ') }}</td></tr>
+{% endfor %}
+</tbody></table></section>
+{% endif %}
+{% macro tensor_rows(rows) %}
+{{ head(tensor_headers) }}
+{% for r in rows %}
+<tr class=''><td><code>{{ r.path }}</code></td><td>{{ r.check }}</td><td><code>{{ r.tensor }}</code></td><td>{{ r.kind }}</td><td>{{ badge(r.status) }}</td><td>{{ "yes" if r.address_moved else "no" }}</td></tr>
+{% endfor %}
+</tbody></table>
+{% endmacro %}
+<section id='tensors'><h2>Non-OK tensors</h2><p class='muted'>{{ tensors.compared }} tensor(s) compared after refit over all paths, {{ tensors.unjudgeable }} of them UNJUDGEABLE (equal before and after the refit, so they could not show a refit that missed them); full list in tensors.csv.</p>
+{% if tensors.deciding %}{{ tensor_rows(tensors.deciding) }}{% else %}<p>No tensor decides a verdict: all OK.</p>{% endif %}
+{% if tensors.rest %}
+<details><summary>{{ tensors.rest|length }} tensor(s) not judged or only reported ({{ tensors.rest_statuses|join(', ') }})</summary>{{ tensor_rows(tensors.rest) }}</details>
+{% endif %}
+</section>
+<section id='consumed'><h2>Kernel inputs (recorded forward)</h2><p class='muted'>Persistent tensors the ops read during one prefill, warm vs cold B; {{ consumed.recorded }} recorded, {{ consumed.noisy }} noisy (differ between two cold starts, e.g. opaque kernel handles). Full list in consumed.csv.</p>
+{% if consumed.rows %}
+{{ head(["path", "op #", "op", "arg", "module", "kernel input", "status"]) }}
+{% for r in consumed.rows %}
+<tr class=''><td><code>{{ r.path }}</code></td><td>{{ r.op_index }}</td><td><code>{{ r.op }}</code></td><td>{{ r.arg }}</td><td><code>{{ r.module }}</code></td><td><code>{{ r.tensor }}</code></td><td>{{ badge(r.status) }}</td></tr>
+{% endfor %}
+</tbody></table>
+{% else %}
+<p>Every recorded kernel input matches cold B.</p>
+{% endif %}
+</section>
+<section id='hooks'><h2>Post-load hooks per path</h2><p class='muted'>Hooks found on the live model; whether the path's refit ran them (observed by wrapping them in the worker), and derived tensors under each that the refit left stale.</p>
+{{ head(["path", "module", "hook", "runs on refit", "stale derived tensors"]) }}
+{% for r in hooks %}
+<tr class=''><td><code>{{ r.path }}</code></td><td><code>{{ r.module }}</code></td><td>{{ r.kind }}</td><td>{% if r.runs_on_refit %}yes{% else %}<b>no</b>{% endif %}</td><td>{% for t in r.stale_derived %}<code>{{ t }}</code>{% if not loop.last %} {% endif %}{% else %}—{% endfor %}</td></tr>
+{% endfor %}
+</tbody></table></section>
+<section id='tokens'><h2>Greedy tokens</h2>{{ head(["path", "check", "prompt", "first divergence", "max logprob diff", "subject", "reference"]) }}
+{% for r in tokens %}
+<tr class='{{ "FAIL" if r.diverged else "" }}'><td><code>{{ r.path }}</code></td><td>{{ r.check }}</td><td>{{ r.prompt }}</td><td>{{ r.first_divergence if r.diverged else "identical" }}</td><td>{{ r.max_logprob_diff|g3 }}</td><td><span class='mono'>{{ r.subject_tokens }}</span>{{ decoded(r.subject_text) }}</td><td><span class='mono'>{{ r.reference_tokens }}</span>{{ decoded(r.reference_text) }}</td></tr>
+{% endfor %}
+</tbody></table></section>
+<section id='arms'><h2>Arms</h2>
+{% if reference.reused %}
+<p>reused reference <code>{{ reference.key }}</code>: the cold-B reference and noise arms were not run again. Engine cold starts in this run: {{ cold_starts }}.</p>
+{% else %}
+<p class='muted'>Engine cold starts in this run: {{ cold_starts }}.</p>
+{% endif %}
+{{ head(["arm", "role", "paths", "status", "time", "observed", "error"]) }}
+{% for a in arms %}
+<tr class=''><td>{{ a.arm }}</td><td>{{ a.role }}</td><td>{{ a.paths|join(', ') or '—' }}</td><td>{{ badge("OK" if a.status == "ok" else "ERROR") }}</td><td>{{ "%.0f"|format(a.seconds) }} s{{ " (reused)" if a.reused }}</td><td>{{ a.observations|join(', ') }}</td><td>{{ a.error or "" }}</td></tr>
+{% endfor %}
+</tbody></table></section>
+<section id='environment'><h2>Environment</h2>{{ head(["", ""]) }}
+{% for k, v in environment.items() %}
+<tr class=''><td>{{ k }}</td><td><code>{{ v }}</code></td></tr>
+{% endfor %}
+</tbody></table></section>
+</body></html>
 """
 
 
 def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, tokens: pd.DataFrame,
                 consumed: pd.DataFrame, hooks: pd.DataFrame) -> str:
-    parts = [f"<h1>refit-harness report</h1><p class='muted'>Oracle: warm A→B through each path vs a cold start "
-             f"on B, with cold A as witness. Started {escape(ev.record.started)}.</p>",
-             _verdicts(summary), _first_divergences(summary), _control(summary), _sabotage(summary), _accuracy(summary), _noise(summary),
-             _unobserved(summary), _non_ok(tensors), _consumed(consumed), _hooks(hooks), _tokens(tokens), _arms(summary),
-             _environment(summary)]
-    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>refit-harness report</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
+    # A path that never ran has no positive-control entry at all.
+    paths = {name: {"positive_control": None, **p} for name, p in summary["paths"].items()}
+    return _ENV.from_string(TEMPLATE).render(
+        css=Markup(CSS), started=ev.record.started, paths=paths,
+        divergent=[(name, p) for name, p in paths.items()
+                   if p.get("first_divergent_kernel_input") or p.get("first_divergent_tensor")],
+        checkpoints=summary["checkpoints"],
+        sabotaged=[(name, p["sabotage"]) for name, p in paths.items() if p.get("sabotage") is not None],
+        accuracy=summary.get("accuracy"), noise=summary["noise_floor"],
+        unobserved=summary.get("unobserved") or {"count": 0, "items": []},
+        tensors=_non_ok(tensors), tensor_headers=["path", "check", "tensor", "kind", "status", "address moved"],
+        consumed=_consumed(consumed), hooks=_hooks(hooks), tokens=_tokens(tokens),
+        reference=summary.get("reference") or {},
+        cold_starts=summary.get("cold_starts", "?"), arms=summary["arms"],
+        environment={**summary["environment"], **{f"checkpoint {k}": v for k, v in summary["checkpoints"].items()}})
 
 
-def _table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join(
-        f"<tr class='{(row_classes or [''] * len(rows))[i]}'>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
-        for i, row in enumerate(rows))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _badge(status: str) -> str:
-    return f"<span class='badge {escape(status)}'>{escape(status)}</span>"
-
-
-def _verdicts(summary: dict[str, Any]) -> str:
-    rows = []
-    for name, p in summary["paths"].items():
-        ctl = p.get("positive_control")
-        ctl_text = "—" if ctl is None else ("detected" if ctl["detected"] else "<b>missed</b>")
-        reasons = "<br>".join(escape(r) for r in p["reasons"]) or "—"
-        rows.append([f"<code>{escape(name)}</code>", _badge(p["verdict"]), ctl_text, reasons])
-    return "<section id='verdicts'><h2>Verdicts</h2>" + _table(["path", "verdict", "positive control", "reasons"], rows) + "</section>"
-
-
-def _first_divergences(summary: dict[str, Any]) -> str:
-    items = []
-    for name, p in summary["paths"].items():
-        lines = [f"first divergent kernel input: <code>{escape(p['first_divergent_kernel_input'])}</code>"
-                 if p.get("first_divergent_kernel_input") else "",
-                 f"first divergent tensor: <code>{escape(p['first_divergent_tensor'])}</code>"
-                 if p.get("first_divergent_tensor") else ""]
-        if any(lines):
-            items.append(f"<div class='first'><b>{escape(name)}</b>: " + "<br>".join(x for x in lines if x) + "</div>")
-    if not items:
-        return "<section id='first-divergence'><h2>First divergence</h2><p>No tensor differs after any refit.</p></section>"
-    return "<section id='first-divergence'><h2>First divergence</h2>" + "".join(items) + "</section>"
-
-
-def _control(summary: dict[str, Any]) -> str:
-    rows = []
-    for name, p in summary["paths"].items():
-        ctl = p.get("positive_control")
-        if ctl is None:
-            continue
-        rows.append([f"<code>{escape(name)}</code>", _badge("OK" if ctl["detected"] else "FAIL"),
-                     f"<code>{escape(ctl['checkpoint_tensor'])}</code>",
-                     "<br>".join(f"<code>{escape(m)}</code>" for m in ctl["expected_modules"]),
-                     "<br>".join(f"<code>{escape(t)}</code>" for t in ctl["localized_to"]) or "—",
-                     "yes" if ctl["tokens_moved"] else "<b>no</b>", f"{ctl['max_logprob_shift']:.3g}"])
-    return ("<section id='positive-control'><h2>Positive control</h2><p class='muted'>B′ = B with one checkpoint "
-            "tensor scaled. Warm B′ vs warm B must differ at the module that tensor loads into; otherwise the "
-            "verdict is INCONCLUSIVE.</p>"
-            + f"<p>Scaled tensor: <code>{escape(summary['checkpoints']['control_tensor'])}</code>, "
-            f"{escape(summary['checkpoints'].get('control_reason') or 'given')}.</p>"
-            + _table(["path", "detected", "scaled tensor", "expected modules", "seen at", "outputs moved",
-                      "max logprob shift"], rows) + "</section>")
-
-
-def _sabotage(summary: dict[str, Any]) -> str:
-    rows = []
-    for name, p in summary["paths"].items():
-        so = p.get("sabotage")
-        if so is None:
-            continue
-        rows.append([f"<code>{escape(name)}</code>", _badge("OK" if so["caught"] else "FAIL"), escape(so["sabotage"]),
-                     _badge(so["twin_verdict"]), escape(so["detail"])])
-    if not rows:
-        return ("<section id='sabotage'><h2>Sabotage controls</h2><p class='muted'>Not run (use --sabotage): no path "
-                "has shown here that it could fail.</p></section>")
-    return ("<section id='sabotage'><h2>Sabotage controls</h2><p class='muted'>Each path's sabotaged twin skips or "
-            "breaks the one step the path exists for, in the same engine. It must FAIL with what it planted; "
-            "otherwise the path's PASS is INCONCLUSIVE.</p>"
-            + _table(["path", "caught", "sabotage", "twin verdict", "evidence"], rows) + "</section>")
-
-
-def _accuracy(summary: dict[str, Any]) -> str:
-    acc = summary.get("accuracy")
-    if not acc:
-        return ""
-    rows = [[f"<code>{escape(p['point'])}</code>", escape(p["arm"]), f"{p['correct']}/{p['total']}",
-             f"{p['invalid']}/{p['total']}", escape(p["status"] or "—")] for p in acc["points"]]
-    classes = ["FAIL" if p["status"] == "differs from cold B" else "" for p in acc["points"]]
-    power = ("" if acc["discriminating_power"] else
-             "<p class='first'><b>No discriminating power:</b> the damaged copy of B scores no lower than cold B, "
-             "so this eval cannot tell a broken model from a good one. No accuracy result here is a pass.</p>")
-    return ("<section id='accuracy'><h2>Accuracy (--accuracy)</h2><p class='muted'>Exact match of the completion's "
-            f"first line over {acc['items']} item(s) of <code>{escape(acc['file'])}</code>; invalid: an empty first "
-            f"line. Tokenizer: {escape(', '.join(acc['tokenizer']) or '?')}. Full list in accuracy.csv.</p>"
-            f"<p>Outcome: <b>{escape(acc['outcome'])}</b></p>{power}"
-            + _table(["point", "arm", "correct", "invalid", "status"], rows, classes) + "</section>")
-
-
-def _noise(summary: dict[str, Any]) -> str:
-    nf = summary["noise_floor"]
-    rows = [[escape(k), "identical" if v["first_divergence"] is None else escape(str(v["first_divergence"])),
-             f"{v['max_logprob_diff']:.3g}"] for k, v in nf["tokens"].items()]
-    tensors = ", ".join(f"<code>{escape(t)}</code>" for t in nf["differing_tensors"]) or "none"
-    return ("<section id='noise-floor'><h2>Noise floor (cold B vs cold B)</h2>"
-            f"<p>Tensors that differ between two cold starts (not judged): {tensors}</p>"
-            + _table(["prompt", "first divergence", "max logprob diff"], rows) + "</section>")
-
-
-def _unobserved(summary: dict[str, Any]) -> str:
-    u = summary.get("unobserved") or {"count": 0, "items": []}
-    if not u["count"]:
-        return ""
-    rows = [[f"<code>{escape(i['name'])}</code>", escape(i["kind"]), escape(i["reason"]),
-             ", ".join(escape(a) for a in i["arms"])] for i in u["items"]]
-    return (f"<section id='unobserved'><h2>Unobserved ({u['count']})</h2><p class='muted'>Reached by the census "
-            "but impossible to observe here, so never judged; the rest of each observation went on.</p>"
-            + _table(["name", "kind", "reason", "arms"], rows) + "</section>")
-
-
-def _non_ok(tensors: pd.DataFrame) -> str:
+def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
     """Rows that decide a verdict first; not-judged (NOISY, UNJUDGEABLE) and reported-only
     (REBOUND) rows folded away. Sabotaged twins have their own section."""
     own = tensors[~tensors["path"].str.contains("~", regex=False)]
     bad = own[(own["status"] != "OK") & (own["check"] != "noise")]
-    deciding = bad["status"].isin(["STALE", "CORRUPT", "MISSING", "EXTRA"])
-
-    def rows(frame: pd.DataFrame) -> list[list[str]]:
-        return [[f"<code>{escape(r.path)}</code>", escape(r.check), f"<code>{escape(r.tensor)}</code>", escape(r.kind),
-                 _badge(r.status), "yes" if r.address_moved else "no"] for r in frame.itertuples()]
-
-    headers = ["path", "check", "tensor", "kind", "status", "address moved"]
-    body = _table(headers, rows(bad[deciding])) if deciding.any() else "<p>No tensor decides a verdict: all OK.</p>"
-    rest = bad[~deciding]
-    if len(rest):
-        body += (f"<details><summary>{len(rest)} tensor(s) not judged or only reported "
-                 f"({', '.join(sorted(set(rest['status'])))})</summary>{_table(headers, rows(rest))}</details>")
+    deciding = bad["status"].isin([s.value for s in FAILING])
     refit = own[own["check"] == "refit"]
-    unjudgeable = int((refit["status"] == "UNJUDGEABLE").sum())
-    return (f"<section id='tensors'><h2>Non-OK tensors</h2><p class='muted'>{len(refit)} tensor(s) compared after "
-            f"refit over all paths, {unjudgeable} of them UNJUDGEABLE (equal before and after the refit, so they could "
-            f"not show a refit that missed them); full list in tensors.csv.</p>{body}</section>")
+    rest = bad[~deciding]
+    return {"deciding": bad[deciding].to_dict("records"), "rest": rest.to_dict("records"),
+            "rest_statuses": sorted(set(rest["status"])), "compared": len(refit),
+            "unjudgeable": int((refit["status"] == "UNJUDGEABLE").sum())}
 
 
-def _consumed(consumed: pd.DataFrame) -> str:
+def _consumed(consumed: pd.DataFrame) -> dict[str, Any]:
     bad = consumed[~consumed["status"].isin(["OK", "NOISY", "UNJUDGEABLE"])
                    & ~consumed["path"].str.contains("~", regex=False)]
-    rows = [[f"<code>{escape(r.path)}</code>", str(r.op_index), f"<code>{escape(r.op)}</code>", str(r.arg),
-             f"<code>{escape(r.module)}</code>", f"<code>{escape(r.tensor)}</code>", _badge(r.status)]
-            for r in bad.itertuples()]
-    body = (_table(["path", "op #", "op", "arg", "module", "kernel input", "status"], rows) if rows
-            else "<p>Every recorded kernel input matches cold B.</p>")
-    noisy = int((consumed["status"] == "NOISY").sum())
-    return (f"<section id='consumed'><h2>Kernel inputs (recorded forward)</h2><p class='muted'>Persistent tensors the "
-            f"ops read during one prefill, warm vs cold B; {len(consumed)} recorded, {noisy} noisy (differ between two "
-            f"cold starts, e.g. opaque kernel handles). Full list in consumed.csv.</p>{body}</section>")
+    return {"rows": bad.to_dict("records"), "recorded": len(consumed),
+            "noisy": int((consumed["status"] == "NOISY").sum())}
 
 
-def _hooks(hooks: pd.DataFrame) -> str:
-    rows = [[f"<code>{escape(r.path)}</code>", f"<code>{escape(r.module)}</code>", escape(r.kind),
-             "yes" if r.runs_on_refit else "<b>no</b>",
-             " ".join(f"<code>{escape(t)}</code>" for t in str(r.stale_derived).split() if t != "nan") or "—"]
-            for r in hooks.itertuples()]
-    return ("<section id='hooks'><h2>Post-load hooks per path</h2><p class='muted'>Hooks found on the live model; "
-            "whether the path's refit ran them (observed by wrapping them in the worker), and derived tensors "
-            "under each that the refit left stale.</p>"
-            + _table(["path", "module", "hook", "runs on refit", "stale derived tensors"], rows) + "</section>")
+def _hooks(hooks: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{**r, "stale_derived": [t for t in str(r["stale_derived"]).split() if t != "nan"]}
+            for r in hooks.to_dict("records")]
 
 
-def _tokens(tokens: pd.DataFrame) -> str:
-    rows = []
-    classes = []
-    for r in tokens[tokens["check"] != "noise"].itertuples():
-        diverged = not pd.isna(r.first_divergence)
-        rows.append([f"<code>{escape(r.path)}</code>", escape(r.check), str(r.prompt),
-                     escape(str(r.first_divergence)) if diverged else "identical", f"{r.max_logprob_diff:.3g}",
-                     f"<span class='mono'>{escape(r.subject_tokens)}</span>" + _text(r.subject_text),
-                     f"<span class='mono'>{escape(r.reference_tokens)}</span>" + _text(r.reference_text)])
-        classes.append("FAIL" if diverged else "")
-    return ("<section id='tokens'><h2>Greedy tokens</h2>"
-            + _table(["path", "check", "prompt", "first divergence", "max logprob diff", "subject", "reference"],
-                     rows, classes) + "</section>")
-
-
-def _text(text: Any) -> str:
-    """A completion decoded by the checkpoint's own tokenizer, under its token ids."""
-    return "" if text is None or pd.isna(text) else f"<div class='decoded'>“{escape(str(text))}”</div>"
-
-
-def _arms(summary: dict[str, Any]) -> str:
-    rows = [[escape(a["arm"]), escape(a["role"]), escape(", ".join(a["paths"]) or "—"), _badge("OK" if a["status"] == "ok" else "ERROR"),
-             f"{a['seconds']:.0f} s" + (" (reused)" if a.get("reused") else ""),
-             escape(", ".join(a["observations"])), escape(a["error"] or "")]
-            for a in summary["arms"]]
-    ref = summary.get("reference") or {}
-    note = (f"<p>reused reference <code>{escape(ref['key'])}</code>: the cold-B reference and noise arms were not "
-            f"run again. Engine cold starts in this run: {summary['cold_starts']}.</p>" if ref.get("reused")
-            else f"<p class='muted'>Engine cold starts in this run: {summary.get('cold_starts', '?')}.</p>")
-    return "<section id='arms'><h2>Arms</h2>" + note + _table(["arm", "role", "paths", "status", "time", "observed", "error"], rows) + "</section>"
-
-
-def _environment(summary: dict[str, Any]) -> str:
-    env = {**summary["environment"], **{f"checkpoint {k}": v for k, v in summary["checkpoints"].items()}}
-    rows = [[escape(k), f"<code>{escape(str(v))}</code>"] for k, v in env.items()]
-    return "<section id='environment'><h2>Environment</h2>" + _table(["", ""], rows) + "</section>"
+def _tokens(tokens: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{**r, "diverged": not pd.isna(r["first_divergence"]),
+             **{k: None if pd.isna(r.get(k)) else r[k] for k in ("subject_text", "reference_text")}}
+            for r in tokens[tokens["check"] != "noise"].to_dict("records")]

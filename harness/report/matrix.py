@@ -10,8 +10,9 @@ from pathlib import Path
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
+from harness import exit_codes
 from harness.evaluation import Evaluation
-from harness.report.compare_page import CSS
+from harness.report.style import CSS
 from harness.report.summary import md_text
 from harness.scenario import CellGroup
 from harness.store import SCHEMA_VERSION, write_atomic
@@ -45,11 +46,8 @@ def matrix_summary(scenario: str, results: Results | dict[str, Results],
                 cell["verdict"] = v.status.value
                 cell["reasons"] = list(v.reasons[:3])
                 grid.setdefault(group.id, {})[v.path] = v.status.value
-    if comparisons:
-        # With builds, expectations decide; an engine that could not run (2) still wins.
-        exit_code = 2 if 2 in codes else max((code for _, code in comparisons.values()), default=0)
-    else:
-        exit_code = 2 if 2 in codes else max(codes, default=0)
+    # With builds, expectations decide; an engine that could not run (2) still wins.
+    exit_code = exit_codes.combined(codes, [code for _, code in comparisons.values()] if comparisons else None)
     return {"schema_version": SCHEMA_VERSION, "scenario": scenario, "exit_code": exit_code, "builds": builds,
             "cells": cells, "groups": groups, "grid": grid, "control_tensors": control_tensors,
             "comparisons": {g: {"link": link, "expectations_met": code == 0}

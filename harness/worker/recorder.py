@@ -74,12 +74,10 @@ class ConsumptionRecorder(TorchDispatchMode):
             ctx = get_forward_context()
         except (ImportError, AssertionError, RuntimeError):
             return
-        meta = getattr(ctx, "attn_metadata", None)
-        items = meta.values() if isinstance(meta, dict) else [meta]
-        for m in items:
-            if m is not None:
-                self._exclude_tree([v for v in vars(m).values()] if hasattr(m, "__dict__") else m)
-        self._exclude_tree(getattr(ctx, "slot_mapping", None))
+        from harness.engine.vllm_private import forward_step_tensors
+
+        for tree in forward_step_tensors(ctx):
+            self._exclude_tree(tree)
 
     def _mark_produced(self, tree) -> None:
         for leaf in tree_flatten(tree)[0]:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from harness import checkpoints
+from harness.loopback import free_ports
 
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
@@ -30,18 +30,8 @@ RAY = str(Path(sys.executable).with_name("ray"))
 TRIES = 5
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _node_ports() -> list[str]:
-    manager, objects, agent_grpc, agent_http, runtime_env, metrics = _free_ports(6)
+    manager, objects, agent_grpc, agent_http, runtime_env, metrics = free_ports(6)
     return [f"--node-manager-port={manager}", f"--object-manager-port={objects}",
             f"--dashboard-agent-grpc-port={agent_grpc}", f"--dashboard-agent-listen-port={agent_http}",
             f"--runtime-env-agent-port={runtime_env}", f"--metrics-export-port={metrics}"]
@@ -57,7 +47,7 @@ def two_node_cluster():
     # Short paths: Ray's Unix sockets live under the temp dir and must fit in 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="rh-ray-", dir="/tmp"))
     head_tmp, worker_tmp, stage = root / "h", root / "w", root / "w-stage"
-    port, client_port = _free_ports(2)
+    port, client_port = free_ports(2)
     # Neither an address to join elsewhere nor a "clusters disabled" switch left by another test.
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     # Ray 2.60's `ray start --head` turns token authentication on, but a joining node and

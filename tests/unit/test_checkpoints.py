@@ -99,3 +99,29 @@ def test_b_without_one_tensor_keeps_every_other_tensor_bit_for_bit(tmp_path):
     assert "norm.weight" not in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     assert (out / "config.json").read_text() == '{"vocab_size": 8}'
     assert without_tensor(src, "norm.weight", cache=tmp_path / "cache") == out  # cached
+
+
+def test_one_safetensors_reader_headers_and_tensors_in_data_order(ckpt, tmp_path):
+    """Headers without torch; tensors in the order their bytes lie (``load_file``'s order,
+    which is not name order when dtypes differ), the trainer's metadata in that same order."""
+    from safetensors.torch import load_file
+
+    from harness import safetensors_files
+
+    f = ckpt / "model.safetensors"
+    n, header = safetensors_files.read_header(f)
+    entries = safetensors_files.tensor_entries(header)
+    assert n > 0 and {name for name, _ in entries} == {"w", "norm.weight", "bias", "ids"}
+    names = [name for name, _ in safetensors_files.tensors([f])]
+    assert names == list(load_file(str(f))) == [name for name, _ in entries]
+    assert names != sorted(names)  # the int64 tensor lies first: data order is not name order
+    assert [name for name, _ in safetensors_files.tensors([f], exclude=["w"], only=["w", "bias"])] == ["bias"]
+    pytest.importorskip("vllm")
+    from harness.engine.transfer import CheckpointSource
+
+    source = CheckpointSource(ckpt, exclude=("bias",))
+    assert [(m.name, m.dtype, tuple(m.shape)) for m in source.metadata()] == [
+        (name, t.dtype, tuple(t.shape)) for name, t in source]
+    (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(safetensors_files.UnreadableFile, match="not a readable safetensors file"):
+        safetensors_files.read_header(tmp_path / "bad.safetensors")

@@ -19,10 +19,11 @@ def test_gloo_transfer_group_listens_on_loopback_only():
     pytest.importorskip("vllm")
     import torch
 
-    from harness.engine.transfer import _broadcast, _gloo_group, free_loopback_port
+    from harness.engine.transfer import _broadcast, _gloo_group
+    from harness.loopback import free_port
 
     before = _listening_addresses()
-    port, groups, errors = free_loopback_port(), {}, []
+    port, groups, errors = free_port(), {}, []
 
     def join(rank: int) -> None:
         try:
@@ -66,3 +67,17 @@ def test_local_ray_keeps_clusters_disabled_only_while_it_starts(monkeypatch):
     init_local_ray(ray, num_cpus=1)
     assert seen == [("0", "127.0.0.1", 1)]
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+
+
+def test_free_ports_are_distinct_loopback_ports_left_unbound():
+    """The one port picker: n ports at once never repeat (each socket is held until all are
+    picked), and none is left bound, so the caller can bind each one itself."""
+    import socket
+
+    from harness.loopback import free_port, free_ports
+
+    ports = free_ports(8)
+    assert len(set(ports)) == 8 and all(1024 <= p < 65536 for p in ports), ports
+    for port in [*ports, free_port()]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # raises EADDRINUSE if the picker kept it

@@ -89,3 +89,45 @@ def test_sabotaged_twins_run_after_every_real_segment_with_only_their_first_refi
         "cold_dummy", "d/warm_B", "d/warm_B_control", "d~sabotage/warm_B"]
     without = make_plan(RunSpec(model="/a", paths=("p1",)), cs, needs, {})
     assert not any("~sabotage" in s.argument for s in without.arms[2].steps)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(observations="abc"), r"observations: Input should be a valid tuple"),
+    (lambda d: d.update(surprise=1), r"surprise: Unexpected keyword argument"),
+    (lambda d: d["observations"][0].update(label=["not", "a", "label"]), r"observations\.0\.label"),
+    (lambda d: d.pop("arm"), r"arm: Field required"),
+])
+def test_a_record_of_the_wrong_structure_is_a_schema_error_naming_the_field(tmp_path, change, message):
+    """Validated on load: nothing dropped, nothing half-built (the old reader kept "abc" as a
+    tuple of letters and dropped unknown fields)."""
+    path = store.dump(subject(), tmp_path / "r.json", "arm_result")
+    payload = json.loads(path.read_text())
+    change(payload["data"])
+    path.write_text(json.dumps(payload))
+    with pytest.raises(store.SchemaError, match="wrong structure") as caught:
+        store.load(ArmResult, path, "arm_result")
+    assert caught.match(message)
+
+
+def test_an_older_record_is_migrated_one_version_at_a_time(tmp_path, monkeypatch):
+    """Version 2 (pretend) renamed ArmResult's ``arm`` from ``arm_name``: a version-1 record
+    written with the old name is upgraded by the registered migration, then validated."""
+    result = subject()
+    path = store.dump(result, tmp_path / "r.json", "arm_result")
+    old = json.loads(path.read_text())
+    old["data"]["arm_name"] = old["data"].pop("arm")
+    path.write_text(json.dumps(old))
+
+    monkeypatch.setattr(store, "SCHEMA_VERSION", 2)
+    with pytest.raises(store.SchemaError, match="no migration from version 1"):
+        store.load(ArmResult, path, "arm_result")
+
+    def rename(payload: dict) -> dict:
+        data = dict(payload["data"])
+        data["arm"] = data.pop("arm_name")
+        return {**payload, "schema_version": 2, "data": data}
+
+    monkeypatch.setitem(store.MIGRATIONS, 1, rename)
+    assert store.load(ArmResult, path, "arm_result") == result
+    with pytest.raises(ValueError, match="already registered"):
+        store.migration(1)(rename)

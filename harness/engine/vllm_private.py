@@ -1,0 +1,82 @@
+"""Every use of vLLM's private API, in one place, each with why no public way exists (checked
+on vLLM 0.32). A vLLM upgrade that moves one of these breaks here, not across the harness.
+
+Engine side only: imports vLLM lazily, inside each function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def transfer_backend_registered(factory: Any, name: str) -> bool:
+    """Whether a weight-transfer backend is registered in one of vLLM's factories.
+
+    Private: ``WeightTransferEngineFactory._registry`` / ``WeightTransferTrainerFactory._registry``.
+    Why: the factories have ``register_engine`` (which raises a bare ``ValueError`` when the
+    name is taken) and ``create_engine``/``trainer_init`` (which build and connect an
+    engine), but no lookup; a plugin that may run twice in one process must ask first."""
+    return name in factory._registry
+
+
+def trainer_engine_class(backend: str) -> Any:
+    """The trainer-side engine class registered for ``backend`` (its ``init_info_cls`` is the
+    backend's own ``TrainerInitInfo`` dataclass).
+
+    Private: ``WeightTransferTrainerFactory._registry``. Why: ``trainer_init`` takes an
+    already-typed ``TrainerInitInfo`` and resolves the class internally; nothing public maps
+    a backend name to its ``TrainerInitInfo`` class."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    return WeightTransferTrainerFactory._registry[backend]()
+
+
+def shutdown_engine_core(llm: Any) -> None:
+    """Stop an in-process ``LLM``'s engine core and its workers now, and wait for them.
+
+    Private: ``LLM.llm_engine.engine_core.shutdown()``. Why: ``LLM`` has no ``close`` or
+    ``shutdown``; dropping it relies on ``__del__`` and the garbage collector, which neither
+    waits for the workers nor happens at a known time."""
+    llm.llm_engine.engine_core.shutdown()
+
+
+def forward_step_tensors(ctx: Any) -> list[Any]:
+    """The per-step inputs a forward context holds (attention metadata: slot mapping, block
+    tables, lengths), to exclude from the kernel-input recorder.
+
+    Private: ``ForwardContext.attn_metadata`` / ``.slot_mapping`` and each metadata object's
+    attributes (``get_forward_context`` itself is public). Why: vLLM exposes no list of the
+    step's input tensors; these attributes are where the model's forward finds them."""
+    trees: list[Any] = []
+    meta = getattr(ctx, "attn_metadata", None)
+    for m in meta.values() if isinstance(meta, dict) else [meta]:
+        if m is not None:
+            trees.append(list(vars(m).values()) if hasattr(m, "__dict__") else m)
+    trees.append(getattr(ctx, "slot_mapping", None))
+    return trees
+
+
+def kv_cache_tensors(worker: Any) -> list[Any]:
+    """The KV cache tensors of a worker (one entry per layer: a tensor, or a list/tuple).
+
+    Private: ``Worker.model_runner.kv_caches``. Why: vLLM exposes the cache's size and
+    configuration, never its tensors; the recorder must know them to leave them out."""
+    return list(getattr(worker.model_runner, "kv_caches", None) or [])
+
+
+def weights_name_mapper(model: Any) -> Any:
+    """The function a model's ``hf_to_vllm_mapper`` renames checkpoint names with, or None.
+
+    Private, only as a fallback: ``WeightsMapper._map_name``, for a vLLM build without the
+    public ``map_name`` (0.32 has both; builds under comparison may be other versions)."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    return getattr(mapper, "map_name", None) or getattr(mapper, "_map_name", None)
+
+
+def skip_cpu_gemm_dispatch(linear: Any) -> None:
+    """Opt one linear layer out of vLLM's CPU GEMM dispatch (a planted-bug fixture keeps its
+    weight in the Parameter, as on a GPU).
+
+    Private: the ``_cpu_skip_gemm_dispatch`` flag vLLM sets on MLA's ``kv_b_proj``. Why: it is
+    the only switch; no public option keeps a CPU linear weight out of the oneDNN handle."""
+    linear._cpu_skip_gemm_dispatch = True
