@@ -165,13 +165,19 @@ class KnownIssue:
     on top of ``tensor_kinds``; None: any name of those kinds."""
     title: str = ""
     """One line naming the bug, ready to be an upstream issue title."""
+    dtypes: tuple[str, ...] = ()
+    """Model dtypes it was measured in (empty: every dtype); e.g. the CPU oneDNN handles
+    exist for float32 weights only."""
 
-    def applies(self, path: str, device: str, vllm_version: str | None, architecture: str | None) -> bool:
+    def applies(self, path: str, device: str, vllm_version: str | None, architecture: str | None,
+                dtype: str | None = None) -> bool:
         """Whether this issue is expected for a subject that ran ``path`` on ``device``
-        (``cpu ...`` or a GPU name) with this vLLM version and model class."""
+        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype."""
         if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
             return False
         if self.paths and path not in self.paths:
+            return False
+        if self.dtypes and dtype not in self.dtypes:
             return False
         if self.architectures and architecture not in self.architectures:
             return False

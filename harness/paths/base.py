@@ -91,16 +91,17 @@ class ReloadPath:
         return None
 
     @classmethod
-    def known_issue(cls, device: str, vllm_version: str | None = None,
-                    architecture: str | None = None) -> KnownIssue | None:
+    def known_issue(cls, device: str, vllm_version: str | None = None, architecture: str | None = None,
+                    dtype: str | None = None) -> KnownIssue | None:
         """The known issue expected for a subject of this path on an arm's recorded device
-        (``cpu (x86_64)``, a GPU's name...), vLLM version and model class: an architecture's
+        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class and dtype: an architecture's
         issue (``harness.known_issues``) first, then the path's own."""
         from harness.known_issues import KNOWN_ISSUES
 
         specific = [k for k in KNOWN_ISSUES if k.architectures]
         general = list(cls.known_issues) + [k for k in KNOWN_ISSUES if not k.architectures]
-        return next((k for k in specific + general if k.applies(cls.name, device, vllm_version, architecture)), None)
+        return next((k for k in specific + general if k.applies(cls.name, device, vllm_version, architecture, dtype)),
+                    None)
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:
         """Update ``engine`` to ``target``; return an ``EngineRestart`` to be given a new engine."""

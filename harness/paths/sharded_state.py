@@ -25,10 +25,11 @@ class ShardedStateRoundTrip(ReloadWeightsFromIterator):
     # check at the cost of another engine start.
     refit_targets = ("B", "B_control")
     known_issues = (KnownIssue(
-        device="cpu", error_contains="Missing keys",
+        device="cpu", error_contains="Missing keys", dtypes=("float32",),
         reason="vLLM's CPU backend leaves every linear weight Parameter empty (the weights live in oneDNN handles); "
                "the sharded-state saver skips empty tensors, so the saved state has no linear weights and the "
-               "new engine refuses to start from it (\"Missing keys ... in loaded state\", measured on 0.32)"),)
+               "new engine refuses to start from it (\"Missing keys ... in loaded state\", measured on 0.32, in "
+               "float32; in bfloat16 there are no such handles and the round trip passes)"),)
 
     sabotage = "the positive-control tensor left out of the feed before the state is saved"
     sabotage_targets = ("B",)

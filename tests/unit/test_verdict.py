@@ -142,7 +142,7 @@ def test_known_issue_is_picked_by_the_recorded_device():
     from harness.paths import PATHS
 
     kernel_format = PATHS.get("reload_kernel_format")
-    assert kernel_format.known_issue("cpu (x86_64)").tensor_kinds == ("kernel",)
+    assert kernel_format.known_issue("cpu (x86_64)", dtype="float32").tensor_kinds == ("kernel",)
     assert kernel_format.known_issue("NVIDIA H100 80GB HBM3") is None
     assert PATHS.get("reload_weights").known_issue("cpu (x86_64)") is None
 
