@@ -38,24 +38,31 @@ from harness import loopback, safetensors_files
 _TIMEOUT = timedelta(seconds=300)
 
 
-def _gloo_group(host: str, port: int, rank: int, world_size: int):
+def store_listener(host: str, port: int = 0) -> socket.socket:
+    """Rank 0's store socket, bound and listening on ``host`` only; port 0 lets the kernel
+    pick one, so no other process can take it between the pick and the bind."""
+    listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listen.bind((host, port))
+    listen.listen()
+    return listen
+
+
+def _gloo_group(host: str, port: int, rank: int, world_size: int, listen: socket.socket | None = None):
     """A stateless gloo group that listens on ``host`` only.
 
     Left to itself, rank 0's ``TCPStore`` listens on every interface (seen with ``ss -ltnp``:
     ``*:PORT``), and gloo's pairs bind to the address the hostname resolves to. So rank 0
-    binds the store's socket itself, and gloo is pinned to the loopback interface
-    (``GLOO_SOCKET_IFNAME``, read when the backend is built) when the host is loopback.
+    binds the store's socket itself (or is handed ``listen``, already bound), and gloo is
+    pinned to the loopback interface (``GLOO_SOCKET_IFNAME``, read when the backend is built)
+    when the host is loopback.
     """
     import ipaddress
 
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
-    listen = None
-    if rank == 0:
-        listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listen.bind((host, port))
-        listen.listen()
+    if rank == 0 and listen is None:
+        listen = store_listener(host, port)
     on_loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     saved = os.environ.get("GLOO_SOCKET_IFNAME")
     if on_loopback:
@@ -142,6 +149,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     backend: ClassVar[str] = "gloo"
     master_address: str
     master_port: int
+    """0: the kernel picks a free port when rank 0 binds (the harness's choice)."""
     world_size: int
 
 
@@ -157,13 +165,17 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         if source is None:
             raise ValueError("gloo trainer weight transfer requires a WeightSource")
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
+        # Bind before telling the workers where to join: with master_port 0 the port is the
+        # kernel's pick, held from here on, so a port taken by another process cannot fail it.
+        listen = store_listener(init_info.master_address, init_info.master_port)
+        port = listen.getsockname()[1]
         worker_info = GlooWeightTransferInitInfo(master_address=init_info.master_address,
-                                                 master_port=init_info.master_port, rank_offset=1,
+                                                 master_port=port, rank_offset=1,
                                                  world_size=init_info.world_size)
         # Both sides block in the rendezvous: ask the workers to join while we do.
         with ThreadPoolExecutor(max_workers=1) as pool:
             joined = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            engine.group = _gloo_group(init_info.master_address, init_info.master_port, 0, init_info.world_size)
+            engine.group = _gloo_group(init_info.master_address, port, 0, init_info.world_size, listen=listen)
             joined.result()
         return engine
 

@@ -36,9 +36,12 @@ class WeightTransferPath(ReloadPath):
         super().__init__(checkpoints, prompts)
         self.trainer = None
 
-    def trainer_fields(self, port: int, world_size: int) -> dict[str, Any]:
-        """Fields of the backend's TrainerInitInfo (rank 0 is the sender)."""
-        return {"rank": 0, "master_address": "127.0.0.1", "master_port": port, "world_size": world_size}
+    def trainer_fields(self, world_size: int) -> dict[str, Any]:
+        """Fields of the backend's TrainerInitInfo (rank 0 is the sender). vLLM's NCCL trainers
+        bind the port they are given themselves, so it can only be picked free beforehand."""
+        from harness.loopback import free_port
+
+        return {"rank": 0, "master_address": "127.0.0.1", "master_port": free_port(), "world_size": world_size}
 
     def refit(self, engine, checkpoint_dir, target, exclude: tuple[str, ...] = ()):
         import ray
@@ -54,10 +57,9 @@ class WeightTransferPath(ReloadPath):
         import ray
 
         from harness.engine.transfer import TrainerActor
-        from harness.loopback import free_port
 
         ranks = len(engine.rpc("refit_harness_ping"))
-        fields = self.trainer_fields(free_port(), 1 + ranks)
+        fields = self.trainer_fields(1 + ranks)
         _, gpus = gpu_shares(self.backend, ranks, cuda_available())
         # Segments start at A; a sparse trainer diffs against what the engine holds.
         trainer = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerActor).remote(engine.actor, fields, self.backend,
@@ -85,17 +87,19 @@ def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[Weigh
         "exercises": f"weight transfer, backend '{backend}': {what}",
     }
     if fields is not None:
-        attrs["trainer_fields"] = lambda self, port, world_size: fields(port, world_size)
+        attrs["trainer_fields"] = lambda self, world_size: fields(world_size)
     return type(f"Transfer{backend.title().replace('_', '')}", (WeightTransferPath,), attrs)
 
 
 TransferGloo = _transfer("gloo", cuda=False, what=(
     "the harness's CPU twin of nccl (stateless gloo group on loopback), receiving through the same layerwise "
-    "lifecycle: start_weight_update -> update_weights -> model.load_weights -> finish_weight_update"))
+    "lifecycle: start_weight_update -> update_weights -> model.load_weights -> finish_weight_update"),
+    # Port 0: the trainer binds first and hands the kernel-picked port to the workers.
+    fields=lambda world_size: {"rank": 0, "master_address": "127.0.0.1", "master_port": 0, "world_size": world_size})
 TransferNccl = _transfer("nccl", cuda=True, what="dense NCCL broadcast from the trainer, layerwise reload on receive")
 TransferSparseNccl = _transfer("sparse_nccl", cuda=True, what="sparse patches (changed elements only) over NCCL, applied in place")
 TransferNcclM2n = _transfer("nccl_m2n", cuda=True, what="M-to-N resharding over NCCL")
 TransferIpc = _transfer("ipc", cuda=True, what="CUDA IPC handles to a colocated trainer's tensors",
-                        fields=lambda port, world_size: {"rank": 0})
+                        fields=lambda world_size: {"rank": 0})
 TransferShardedRdt = _transfer("sharded_rdt", cuda=True, what="consumers pull sharded tensors over Ray direct transport",
-                               fields=lambda port, world_size: {"rank": 0, "num_consumers": world_size - 1})
+                               fields=lambda world_size: {"rank": 0, "num_consumers": world_size - 1})

@@ -51,6 +51,63 @@ def test_gloo_transfer_group_listens_on_loopback_only():
     assert torch.equal(sent, received)  # still a working group
 
 
+class _JoiningClient:
+    """The engine's side of the rendezvous, as vLLM's weight-sync client would drive it:
+    rank 1 joins the gloo group at the address the trainer hands over."""
+
+    def __init__(self) -> None:
+        self.joined_port = None
+        self.group = None
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        from harness.engine.transfer import _gloo_group
+
+        self.joined_port = init_info["master_port"]
+        self.group = _gloo_group(init_info["master_address"], init_info["master_port"],
+                                 init_info["rank_offset"], init_info["world_size"])
+
+
+def test_a_port_taken_by_another_process_cannot_fail_the_gloo_transfer(monkeypatch, tmp_path):
+    """Another process takes the port the harness would have picked, between the pick and the
+    trainer's bind (here: before it, so the race always loses). The trainer binds port 0 and
+    hands the kernel's pick to the workers, so the group still forms and carries tensors; with
+    a picked port the bind raised EADDRINUSE and the path was ERROR."""
+    pytest.importorskip("vllm")
+    import socket
+
+    import torch
+    from vllm.plugins import load_general_plugins
+
+    from harness import loopback
+    from harness.engine.transfer import CheckpointSource, _broadcast, trainer_init_info
+    from harness.engine.vllm_private import trainer_engine_class
+    from harness.paths import PATHS
+    from tests.unit.test_transfer_contracts import CHECKPOINTS
+
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    monkeypatch.setattr(loopback, "free_port", lambda: taken)
+    try:
+        load_general_plugins()  # registers the gloo trainer engine
+        fields = PATHS.get("transfer_gloo")(CHECKPOINTS).trainer_fields(world_size=2)
+        client = _JoiningClient()
+        trainer = trainer_engine_class("gloo").trainer_init(trainer_init_info("gloo", fields), client=client,
+                                                            source=CheckpointSource(tmp_path))
+        assert client.joined_port not in (None, 0, taken)
+        sent, received = torch.arange(4, dtype=torch.float32), torch.zeros(4)
+        threads = [threading.Thread(target=_broadcast, args=(trainer.group, sent)),
+                   threading.Thread(target=_broadcast, args=(client.group, received))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert torch.equal(sent, received)
+    finally:
+        squatter.close()
+
+
 def test_local_ray_keeps_clusters_disabled_only_while_it_starts(monkeypatch):
     """The switch that keeps Ray on loopback is inherited by Ray's daemons, and must not stay
     in our environment: a later ``ray start --address`` from this process (a test's second

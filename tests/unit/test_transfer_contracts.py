@@ -25,7 +25,7 @@ def test_trainer_init_info_is_the_backends_own_dataclass_with_the_fields_we_send
 
     from harness.engine.transfer import trainer_init_info
 
-    fields = transfer_path(backend).trainer_fields(port=29555, world_size=3)
+    fields = transfer_path(backend).trainer_fields(world_size=3)
     info = trainer_init_info(backend, fields)  # a missing or misnamed field raises TypeError here
     expected_cls = WeightTransferTrainerFactory._registry[backend]().init_info_cls
     assert type(info) is expected_cls and info.backend == backend and info.is_sender
