@@ -184,31 +184,49 @@ def svg_divergence(tokens) -> Markup:
     return Markup("".join(parts))
 
 
+def _band_chart(svg_id: str, label_width: int, rows: list[tuple[str, tuple[float, float, str] | None, tuple]],
+                unit: str, band_legend: str) -> Markup:
+    """One line per row: its label, an optional shaded band (low, high, tooltip) and a dot per
+    build (value, css class), on one shared axis from 0."""
+    w, row, left = 640, 26, label_width
+    h = row * len(rows) + 36
+    top = max(x for _, band, marks in rows for x in (*(band[:2] if band else ()), *(v for v, _ in marks))) * 1.1
+    scale = (w - left - 20) / top
+    parts = [f"<svg id=\"{svg_id}\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
+    for i, (label, band, marks) in enumerate(rows):
+        y = 16 + i * row
+        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>{escape(label)}</text>")
+        if band is not None:
+            lo, hi, title = band
+            parts.append(f"<rect class='band' x='{left + lo * scale:.1f}' y='{y - 8}' "
+                         f"width='{max((hi - lo) * scale, 1):.1f}' height='16'><title>{escape(title)}</title></rect>")
+        for value, cls in marks:
+            parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
+                         f"<title>{value:.1f} {unit}</title></circle>")
+    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>{unit} (0..{top:.0f}) · base <tspan class='mark-base'>●</tspan> "
+                 f"base2 <tspan class='mark-floor'>●</tspan> pr <tspan class='mark-pr'>●</tspan> · band: {band_legend}"
+                 "</text></svg>")
+    return Markup("".join(parts))
+
+
+def _dots(*values: tuple[float | None, str]) -> tuple:
+    return tuple((v, cls) for v, cls in values if v is not None)
+
+
 def svg_timings(rows) -> Markup:
     """Arm wall time per build, the base..base2 band shaded."""
     rows = [r for r in rows if r.base_seconds is not None or r.pr_seconds is not None]
     if not rows:
         return Markup("<p class='muted'>No timings.</p>")
-    w, row, left = 640, 26, 190
-    h = row * len(rows) + 36
-    top = max(max(x for x in (r.base_seconds, r.pr_seconds, r.base2_seconds) if x is not None) for r in rows) * 1.1
-    scale = (w - left - 20) / top
-    parts = [f"<svg id=\"plot-timings\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
-    for i, r in enumerate(rows):
-        y = 16 + i * row
-        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>{escape(r.arm[:28])}</text>")
+    lines = []
+    for r in rows:
+        band = None
         if r.base_seconds is not None and r.base2_seconds is not None:
             lo, hi = sorted((r.base_seconds, r.base2_seconds))
-            parts.append(f"<rect class='band' x='{left + lo * scale:.1f}' y='{y - 8}' "
-                         f"width='{max((hi - lo) * scale, 1):.1f}' height='16'><title>base..base2: {lo:.1f}-{hi:.1f} s"
-                         f"</title></rect>")
-        for value, cls in ((r.base_seconds, "mark-base"), (r.base2_seconds, "mark-floor"), (r.pr_seconds, "mark-pr")):
-            if value is not None:
-                parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
-                             f"<title>{value:.1f} s</title></circle>")
-    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>seconds (0..{top:.0f}) · base <tspan class='mark-base'>●</tspan> base2 <tspan class='mark-floor'>●</tspan> pr <tspan class='mark-pr'>●</tspan> · "
-                 "band: base..base2</text></svg>")
-    return Markup("".join(parts))
+            band = (lo, hi, f"base..base2: {lo:.1f}-{hi:.1f} s")
+        lines.append((r.arm[:28], band, _dots((r.base_seconds, "mark-base"), (r.base2_seconds, "mark-floor"),
+                                               (r.pr_seconds, "mark-pr"))))
+    return _band_chart("plot-timings", 190, lines, "seconds", "base..base2")
 
 
 def svg_throughput(rows) -> Markup:
@@ -216,25 +234,12 @@ def svg_throughput(rows) -> Markup:
     rows = [r for r in rows if r.base_median is not None or r.pr_median is not None]
     if not rows:
         return Markup("")
-    w, row, left = 640, 26, 150
-    h = row * len(rows) + 36
-    top = max(x for r in rows for x in (r.band_high, r.pr_median, r.base_median) if x is not None) * 1.1
-    scale = (w - left - 20) / top
-    parts = [f"<svg id=\"plot-throughput\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
-    for i, r in enumerate(rows):
-        y = 16 + i * row
-        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>{escape(r.point[:22])}</text>")
-        if r.band_low is not None:
-            parts.append(f"<rect class='band' x='{left + r.band_low * scale:.1f}' y='{y - 8}' "
-                         f"width='{max((r.band_high - r.band_low) * scale, 1):.1f}' height='16'><title>base/base2 "
-                         f"samples: {r.band_low:.1f}-{r.band_high:.1f} tokens/s</title></rect>")
-        for value, cls in ((r.base_median, "mark-base"), (r.base2_median, "mark-floor"), (r.pr_median, "mark-pr")):
-            if value is not None:
-                parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
-                             f"<title>{value:.1f} tokens/s</title></circle>")
-    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>tokens/s (0..{top:.0f}) · base <tspan class='mark-base'>●</tspan> base2 <tspan class='mark-floor'>●</tspan> pr <tspan class='mark-pr'>●</tspan> · band: "
-                 "base and base2 samples</text></svg>")
-    return Markup("".join(parts))
+    lines = [(r.point[:22],
+              None if r.band_low is None else (r.band_low, r.band_high,
+                                               f"base/base2 samples: {r.band_low:.1f}-{r.band_high:.1f} tokens/s"),
+              _dots((r.base_median, "mark-base"), (r.base2_median, "mark-floor"), (r.pr_median, "mark-pr")))
+             for r in rows]
+    return _band_chart("plot-throughput", 150, lines, "tokens/s", "base and base2 samples")
 
 
 # --- index.html ----------------------------------------------------------------------------
