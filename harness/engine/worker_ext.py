@@ -47,7 +47,11 @@ class RefitObserver:
 
         from harness import safetensors_files
 
-        params = {name for name, _ in self.get_model().named_parameters()}
+        # Every alias: a module shared under two names (Qwen3-MoE passes its router ``gate`` to
+        # the experts) is saved under the lexically smaller one (``mlp.experts.gate.weight``),
+        # which deduplicated ``named_parameters()`` does not list; filtering on it left the router
+        # STALE, a harness-made FAIL.
+        params = {name for name, _ in self.get_model().named_parameters(remove_duplicate=False)}
         own = self._refit_harness_rank_dir(directory)
         tensors = list(safetensors_files.tensors(safetensors_files.files(own), exclude=exclude or (), only=params))
         with torch.no_grad():

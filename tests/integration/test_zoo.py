@@ -7,6 +7,7 @@ zoo's own Qwen3 cell is left to ``refit-harness run -s zoo``.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -26,8 +27,10 @@ MOE_CORRUPTED = ("qwen3-moe", "mixtral", "deepseek-v2", "granitemoe-hybrid")
 @pytest.fixture(scope="module")
 def zoo(run_oracle):
     only = [arg for label in TESTED for arg in ("--only", f"reload_weights[{label}-*")]
-    # And the compiled path on Llama, sharing that group's cold-B arms (see the bf16 test below).
-    return run_oracle("zoo-reload", "-s", "zoo", *only, "--only", "compiled[llama-*")
+    # And the compiled path on Llama, sharing that group's cold-B arms (see the bf16 test below),
+    # and the kernel-format reload on Qwen3-MoE (its router is one module under two names).
+    return run_oracle("zoo-reload", "-s", "zoo", *only, "--only", "compiled[llama-*",
+                      "--only", "reload_kernel_format[qwen3-moe-*")
 
 
 def grid(run) -> dict:
@@ -108,3 +111,17 @@ def test_compiled_in_bf16_is_judged_against_a_compiled_cold_b(zoo):
     assert path["sabotage"]["caught"], path["sabotage"]
     arms = {a["arm"]: a for a in cell(zoo, "llama")["arms"]}
     assert arms["reference-compiled"]["status"] == "ok" and arms["reference-compiled"]["role"] == "mode_reference"
+
+
+def test_a_parameter_saved_under_its_alias_is_reloaded_in_kernel_format(zoo):
+    """Qwen3-MoE hands its router ``mlp.gate`` to the experts, so vLLM's sharded-state saver
+    writes it under the lexically smaller alias ``mlp.experts.gate.weight``. The harness fed
+    the kernel-format reload only names from deduplicated ``named_parameters()``, which lists
+    ``mlp.gate.weight`` alone: the router was left STALE, a FAIL made by the harness. Every
+    tensor but the known-corrupted experts must now match cold B."""
+    rows = [r for r in csv.DictReader((zoo.out / group("qwen3-moe") / "tensors.csv").open())
+            if r["path"] == "reload_kernel_format" and r["check"] == "refit"]
+    gate = [r for r in rows if r["tensor"].endswith("mlp.gate.weight")]
+    assert gate and all(r["status"] == "OK" for r in gate), gate
+    wrong = {r["tensor"] for r in rows if r["status"] in ("STALE", "CORRUPT", "MISSING")}
+    assert wrong and all(".experts." in t for t in wrong), sorted(wrong)
