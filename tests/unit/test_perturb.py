@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,7 +184,8 @@ def peak_extra(tmp_path_factory) -> dict[str, int]:
     tmp = tmp_path_factory.mktemp("peak")
     g = torch.Generator().manual_seed(0)
     a = write_checkpoint(tmp / "A", {f"t{i}": torch.randn(16 << 20, generator=g) for i in range(4)})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)}
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's harness, not the venv's editable install
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, "-c", PEAK, str(a), str(tmp / "cache")], capture_output=True, text=True,
                           env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
