@@ -15,12 +15,15 @@ this machine is shared and noisy.
 - ``paths_scaling`` (d): wall time and engine cold starts for 1, 3 and all CPU paths.
 - ``model_size`` (e): peak RSS of the parent and of each arm, and wall time, for
   checkpoints of about 0.01, 0.5 and 2 GB (a wide tiny Qwen3: large vocabulary and hidden size).
+- ``prepare_memory`` (e, no engines): the parent's peak RSS and wall time for making B and
+  B′ alone, from the same checkpoints, each in a fresh process and a fresh cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -360,9 +363,64 @@ def bench_model_size(repeats: int) -> dict:
     return {"sizes": results, "rows": rows}
 
 
+def prepare_child(model: str, cache: str) -> None:
+    """In a process of its own: ``checkpoints.prepare`` (B and B′, made afresh in ``cache``),
+    then print its own exact peak RSS (VmHWM) and the RSS it had before, with torch and the
+    harness already imported, as one JSON line."""
+    import torch  # noqa: F401  (imported before the baseline: a real run's parent has it too)
+
+    from harness import checkpoints
+    from harness.spec import ControlSpec, PerturbSpec
+
+    def status(key: str) -> int:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key + ":"))
+        return int(line.split()[1]) * 1024
+
+    baseline = status("VmRSS")
+    start = time.perf_counter()
+    checkpoints.prepare(model, None, PerturbSpec(), ControlSpec(), cache=Path(cache))
+    print(json.dumps({"seconds": time.perf_counter() - start, "baseline_rss_bytes": baseline,
+                      "peak_rss_bytes": status("VmHWM")}))
+
+
+def bench_prepare_memory(repeats: int) -> dict:
+    """(e) without engines: the parent's preparation alone (making B and B′) for each size,
+    each in a fresh process and a fresh cache, so B and B′ are really made."""
+    from harness.checkpoints import DEFAULT_CACHE, read_headers
+
+    results, rows = {}, []
+    for name, dims in SIZES.items():
+        model = wide_model(name, dims, DEFAULT_CACHE / "models")
+        size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+        largest = max(math.prod(h.shape) * _DTYPE_BYTES[h.dtype] for h in read_headers(model).values())
+        cache = Path(tempfile.mkdtemp(prefix="refit-bench-prepare-"))
+        try:
+            proc = subprocess.run([sys.executable, "-c", "import sys; from benchmarks.run import prepare_child; "
+                                   "prepare_child(sys.argv[1], sys.argv[2])", str(model), str(cache)],
+                                  capture_output=True, text=True, timeout=3600)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        if proc.returncode:
+            raise RuntimeError(f"prepare on {model} failed: {proc.stderr[-2000:]}")
+        child = json.loads(proc.stdout.strip().splitlines()[-1])
+        peak, extra = child["peak_rss_bytes"], child["peak_rss_bytes"] - child["baseline_rss_bytes"]
+        results[name] = {"checkpoint_bytes": size, "largest_tensor_bytes": largest, **child,
+                         "extra_rss_bytes": extra, "extra_per_largest_tensor": extra / largest}
+        rows.append((f"(e) {size / 1e9:.2f} GB: making B and B′, wall time", f"{child['seconds']:.0f} s", "", None))
+        rows.append((f"(e) {size / 1e9:.2f} GB: making B and B′, parent peak RSS", f"{peak / 1e9:.2f} GB",
+                     "< checkpoint", peak < size if size > 1e9 else None))
+        rows.append((f"(e) {size / 1e9:.2f} GB:   above the imports, ÷ largest tensor ({largest / 1e9:.2f} GB)",
+                     f"{extra / 1e9:.2f} GB, {extra / largest:.2f}x", "about 1x", None))
+    return {"sizes": results, "rows": rows}
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+                "F8_E4M3": 1, "F8_E5M2": 1}
+
+
 BENCHMARKS: dict[str, Callable[[int], dict]] = {
     "harness_vs_bare": bench_harness_vs_bare, "digest": bench_digest, "kernel_capture": bench_kernel_capture,
-    "paths_scaling": bench_paths_scaling, "model_size": bench_model_size,
+    "paths_scaling": bench_paths_scaling, "model_size": bench_model_size, "prepare_memory": bench_prepare_memory,
 }
 
 

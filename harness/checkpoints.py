@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness import safetensors_files
 from harness.checkpoint_set import CheckpointSet  # noqa: F401  (plain data, kept importable from here)
+from harness.perturb import RECIPE as PERTURB_RECIPE  # torch-free: a cached B is found without torch
 from harness.spec import ControlSpec, PerturbSpec
 
 DEFAULT_CACHE = Path(os.environ.get("REFIT_HARNESS_CACHE", Path.home() / ".cache" / "refit-harness"))
@@ -138,37 +139,41 @@ def write_streamed(source: str | Path, dest: Path, transform: Callable[[str, obj
     """Write ``dest`` as ``source`` with every tensor passed through ``transform(name, t)``,
     one tensor at a time, in sorted name order (so a seeded transform is reproducible).
 
-    Each shard keeps the source's file name, header and offsets (``transform`` must keep
-    dtype and shape), and the index is copied, so the peak extra memory is one tensor.
+    ``t`` is a fresh tensor read for the transform alone: it may change it in place and
+    return it. Each shard keeps the source's file name, header and offsets (``transform``
+    must keep dtype and shape), and the index is copied. The tensor is read with plain file
+    reads, not ``safe_open``, whose tensors stay mapped until the file is closed: so the
+    peak extra memory is one tensor (plus what the transform allocates), never the model.
     """
     import torch
-    from safetensors import safe_open
 
     files = weight_files(source)
     tmp = _staging_copy(source, dest)
-    layout = {}  # name -> (source handle, output file, absolute offset, byte size)
+    layout = {}  # name -> (source file, output file, data start, header entry)
     with ExitStack() as stack:
         for f in files:
             n, header = _raw_header(f)
-            src = stack.enter_context(safe_open(str(f), framework="pt"))
+            src = stack.enter_context(open(f, "rb"))
             out = stack.enter_context(open(tmp / f.name, "wb"))
-            out.write(struct.pack("<Q", n))
-            with open(f, "rb") as fh:  # the header verbatim: same names, dtypes, shapes, offsets
-                fh.seek(8)
-                out.write(fh.read(n))
+            src.seek(0)  # the header verbatim: same names, dtypes, shapes, offsets
+            out.write(src.read(8 + n))
             for name, h in safetensors_files.tensor_entries(header):
-                begin, end = h["data_offsets"]
-                layout[name] = (src, out, 8 + n + begin, end - begin)
+                layout[name] = (src, out, 8 + n, h)
         for name in sorted(layout):
-            src, out, offset, size = layout[name]
-            before = src.get_tensor(name)
+            src, out, data_start, entry = layout[name]
+            try:
+                before = safetensors_files.read_tensor(src, data_start, entry)
+            except safetensors_files.UnreadableFile as exc:
+                raise CheckpointError(f"{name}: {exc}") from None
+            dtype, shape = before.dtype, before.shape
             after = transform(name, before)
-            if after.dtype != before.dtype or after.shape != before.shape:
-                raise CheckpointError(f"transform changed {name}: {before.dtype} {list(before.shape)} -> "
+            if after.dtype != dtype or after.shape != shape:
+                raise CheckpointError(f"transform changed {name}: {dtype} {list(shape)} -> "
                                       f"{after.dtype} {list(after.shape)}")
             raw = after.contiguous().reshape(-1).view(torch.uint8).numpy()  # a view: no copy
-            assert raw.nbytes == size, (name, raw.nbytes, size)
-            out.seek(offset)
+            begin, end = entry["data_offsets"]
+            assert raw.nbytes == end - begin, (name, raw.nbytes, end - begin)
+            out.seek(data_start + begin)
             out.write(raw.data)
             del before, after, raw
     shutil.rmtree(dest, ignore_errors=True)
@@ -263,39 +268,38 @@ _COPY_CHUNK_BYTES = 64 << 20
 
 def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B: ``source`` with ``spec`` applied to every tensor."""
-    key = hashlib.sha256(f"{fingerprint(source)}|{spec}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fingerprint(source)}|{spec}|{PERTURB_RECIPE}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-B-{key}"
     if _complete(dest):
         return dest  # before importing torch: that import is most of a cached prepare (profiled)
+    return _write_perturbed(source, dest, spec)
+
+
+def _write_perturbed(source: str | Path, dest: Path, spec: PerturbSpec) -> Path:
     import torch
 
     from harness.perturb import PERTURBATIONS
 
     fn = PERTURBATIONS.get(spec.name)
     gen = torch.Generator().manual_seed(spec.seed)
-    return write_streamed(source, dest, lambda name, t: fn(name, t, gen, spec.strength))
+    # In place: write_streamed's tensor is ours, so no second copy of the largest tensor.
+    return write_streamed(source, dest, lambda name, t: fn(name, t, gen, spec.strength, out=t))
 
 
 def damaged(source: str | Path, strength: float, cache: Path = DEFAULT_CACHE) -> Path:
     """B heavily damaged: seeded gaussian noise of ``strength`` times each tensor's spread,
     streamed like B (config and tokenizer files copied)."""
     spec = PerturbSpec(name="gaussian", seed=7, strength=strength)
-    key = hashlib.sha256(f"{fingerprint(source)}|damaged|{spec}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fingerprint(source)}|damaged|{spec}|{PERTURB_RECIPE}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-damaged-{key}"
     if _complete(dest):
         return dest
-    import torch
-
-    from harness.perturb import PERTURBATIONS
-
-    fn = PERTURBATIONS.get(spec.name)
-    gen = torch.Generator().manual_seed(spec.seed)
-    return write_streamed(source, dest, lambda name, t: fn(name, t, gen, spec.strength))
+    return _write_perturbed(source, dest, spec)
 
 
 def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT_CACHE) -> Path:
     """B': ``source`` with one tensor scaled by ``control.scale``."""
-    key = hashlib.sha256(f"{fingerprint(source)}|{control}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fingerprint(source)}|{control}|{PERTURB_RECIPE}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-control-{key}"
     if _complete(dest):
         return dest  # made (and its tensor checked) before, from the same source
@@ -307,7 +311,7 @@ def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT
         raise CheckpointError(
             f"positive-control tensor {control.tensor!r} is not in {source}; e.g. {close or sorted(headers)[:5]}"
         )
-    return write_streamed(source, dest, lambda name, t: scale(name, t, None, control.scale - 1.0)
+    return write_streamed(source, dest, lambda name, t: scale(name, t, None, control.scale - 1.0, out=t)
                           if name == control.tensor else t)
 
 

@@ -12,7 +12,7 @@ import json
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 INDEX = "model.safetensors.index.json"
 METADATA = "__metadata__"
@@ -66,6 +66,34 @@ def torch_dtype(code: str):
     """The torch dtype of a safetensors dtype code (``F32``, ``BF16``, ``I64``...)."""
     import torch
 
-    return {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-            "I64": torch.int64, "I32": torch.int32, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-            "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}[code]
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64",
+             "I32": "int32", "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
+             "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+             "F8_E8M0": "float8_e8m0fnu", "C64": "complex64"}
+    dtype = getattr(torch, names.get(code, ""), None)
+    if dtype is None:
+        raise UnreadableFile(f"safetensors dtype {code!r} has no torch dtype here (torch {torch.__version__})")
+    return dtype
+
+
+def read_tensor(fh: BinaryIO, data_start: int, entry: dict[str, Any]):
+    """One tensor of an open safetensors file, read into a fresh contiguous torch tensor that
+    the caller owns (one copy, freed with it). Unlike ``safe_open``, nothing stays mapped
+    after it: a tensor from ``safe_open`` lives in the file's mapping, which is released only
+    when the file is closed, so a writer that keeps its sources open holds every tensor read."""
+    import torch
+
+    begin, end = entry["data_offsets"]
+    t = torch.empty(entry["shape"], dtype=torch_dtype(entry["dtype"]))
+    raw = t.reshape(-1).view(torch.uint8).numpy()  # the tensor's own memory
+    if raw.nbytes != end - begin:
+        raise UnreadableFile(f"{getattr(fh, 'name', 'file')}: a {entry['dtype']} {entry['shape']} tensor "
+                             f"has {end - begin} bytes in the header")
+    fh.seek(data_start + begin)
+    view, done = memoryview(raw), 0
+    while done < raw.nbytes:  # readinto may return less than asked
+        n = fh.readinto(view[done:])
+        if not n:
+            raise UnreadableFile(f"{getattr(fh, 'name', 'file')} ends inside a tensor")
+        done += n
+    return t
