@@ -189,7 +189,8 @@ def classify(subject: Digested | None, reference: Digested | None, witness: Dige
 
 
 def _by_name(obs: Observation) -> dict[str, TensorRecord]:
-    return {t.name: t for t in obs.tensors}
+    """Census records by the name a report shows (``rank<N>:`` first with more than one rank)."""
+    return {obs.shown_name(t): t for t in obs.tensors}
 
 
 def compare_tensors(check: Check, subject: Observation, reference: Observation,
@@ -269,7 +270,8 @@ def compare_control(checkpoint_tensor: str, control: Observation, baseline: Obse
     diffs = compare_tensors("refit", control, baseline, noisy=noisy)
     changed = tuple(d.tensor for d in diffs if d.status not in (TensorStatus.OK, TensorStatus.REBOUND, TensorStatus.NOISY))
     targets = control_targets(checkpoint_tensor, control.model.packed_modules_mapping)
-    localized = tuple(n for n in changed if any(_belongs(n, t) for t in targets))
+    bare = {o.shown_name(t): t.name for o in (baseline, control) for t in o.tensors}
+    localized = tuple(n for n in changed if any(bare[n].startswith(t + ".") for t in targets))
     token_diffs = compare_outputs("refit", control, baseline)
     shift = max((d.max_logprob_diff for d in token_diffs), default=0.0)
     moved = any(d.first_divergence is not None for d in token_diffs) or shift > logprob_floor
@@ -277,15 +279,10 @@ def compare_control(checkpoint_tensor: str, control: Observation, baseline: Obse
     noisy_inputs = {k for k, d in _consumed_by_key(noise).items()
                     if (r := ref_inputs.get(k)) is not None and r.digest != d.digest}
     base = _consumed_by_key(baseline)
-    first = next((c.name for k, c in _consumed_by_key(control).items()
+    first = next((control.shown_name(c) for k, c in _consumed_by_key(control).items()
                   if k not in noisy_inputs and k in base and base[k].digest != c.digest), None)
     return ControlOutcome(checkpoint_tensor=checkpoint_tensor, expected_modules=targets, changed=changed,
                           localized=localized, max_logprob_shift=shift, tokens_moved=moved, first_kernel_input=first)
-
-
-def _belongs(tensor_name: str, module: str) -> bool:
-    bare = tensor_name.split(":", 1)[1] if tensor_name.startswith("rank") and ":" in tensor_name else tensor_name
-    return bare.startswith(module + ".")
 
 
 def noisy_tensors(reference: ArmResult | None, noise: ArmResult | None) -> frozenset[str]:
@@ -329,10 +326,10 @@ def compare_consumed(subject: Observation, reference: Observation, witness: Obse
     diffs = []
     for key in list(subj) + [k for k in ref if k not in subj]:
         s, r, w, p, n = subj.get(key), ref.get(key), wit.get(key), prev.get(key), noisy.get(key)
-        moved = s is not None and p is not None and p.address != s.address and p.name == s.name
+        moved = s is not None and p is not None and p.address != s.address and (p.rank, p.name) == (s.rank, s.name)
         status = classify(s, r, w, moved=moved, noisy=n is not None and r is not None and n.digest != r.digest)
-        c = s or r
-        diffs.append(ConsumedDiff(op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=c.name, status=status))
+        c, shown = (s, subject.shown_name(s)) if s is not None else (r, reference.shown_name(r))
+        diffs.append(ConsumedDiff(op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=shown, status=status))
     return tuple(sorted(diffs, key=lambda d: d.op_index))
 
 

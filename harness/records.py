@@ -20,8 +20,7 @@ class TensorRecord:
     """One tensor reachable from the model, as seen at one moment on one rank."""
 
     name: str
-    """Dotted path from the model root, e.g. ``model.layers.0.self_attn.q_norm.weight``.
-    With more than one rank the name starts with ``rank<N>:``."""
+    """Dotted path from the model root, e.g. ``model.layers.0.self_attn.q_norm.weight``."""
     kind: TensorKind
     """How it was reached: registered parameter/buffer, plain attribute, an attribute
     of a non-module object (quant method, kernel object), a closure/partial, or
@@ -42,6 +41,8 @@ class TensorRecord:
     """Number of NaN elements (0 for non-float dtypes)."""
     absmax: float
     """Largest absolute value (0.0 for empty tensors); a readable hint, not used for judging."""
+    rank: int = 0
+    """Worker rank that holds it (see ``Observation.shown_name``)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class UnobservedRecord:
     """Census kind it would have had (``kernel`` for a kernel probe), or ``forward``."""
     reason: str
     """Why it could not be observed: the exception vLLM or torch raised, shortened."""
+    rank: int | None = None
+    """Worker rank that reached it; None for what the arm itself could not observe (its
+    recorded forward), which belongs to no one rank."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class ConsumedTensor:
     """blake3-128 of the bytes read, as ``TensorRecord.digest``."""
     nan_count: int = 0
     """NaN elements read (a NaN counts as a difference, as for census tensors)."""
+    rank: int = 0
+    """Worker rank whose forward read it."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,44 @@ class Observation:
     """Post-load hooks on the model and their call counts so far."""
     unobserved: tuple[UnobservedRecord, ...] = ()
     """What the census could not observe on any rank, with the reason (older records: none)."""
+
+    def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord) -> str:
+        """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more
+        than one rank was observed, the bare name otherwise."""
+        return f"rank{record.rank}:{record.name}" if self.model.world_size > 1 and record.rank is not None \
+            else record.name
+
+
+@dataclass(frozen=True)
+class RankCensus:
+    """What one worker rank answers to the census call (built in the worker, sent as JSON)."""
+
+    rank: int
+    """The worker's rank."""
+    tensors: tuple[TensorRecord, ...]
+    """Its census, every record carrying ``rank``."""
+    unobserved: tuple[UnobservedRecord, ...]
+    """What it reached and could not observe."""
+    architecture: str
+    """Class name of the model vLLM instantiated."""
+    packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...]
+    """vLLM's ``packed_modules_mapping``, sorted (see ``ModelInfo``)."""
+    hooks: tuple[HookRecord, ...]
+    """Post-load hooks and their call counts on this rank."""
+    weight_names: tuple[tuple[str, str], ...]
+    """Checkpoint name -> the model's own name, where vLLM renames it (see ``ModelInfo``)."""
+
+
+@dataclass(frozen=True)
+class RankRecording:
+    """What one worker rank answers when its kernel-input recorder is stopped."""
+
+    rank: int
+    """The worker's rank."""
+    consumed: tuple[ConsumedTensor, ...]
+    """Persistent tensors its kernels read, in op order, every record carrying ``rank``."""
+    unreadable: tuple[str, ...]
+    """Op inputs the recorder could not digest, with the reason."""
 
 
 @dataclass(frozen=True)

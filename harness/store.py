@@ -1,7 +1,7 @@
 """Versioned records on disk.
 
 Every file carries ``schema_version``; ``load`` refuses files from a newer harness and
-upgrades older ones through the registered ``MIGRATIONS`` (none yet: this is version 1).
+upgrades older ones through the registered ``MIGRATIONS`` (at the end of this module).
 Frozen dataclasses are written as plain JSON and validated on load by pydantic over the
 same dataclasses: a missing field, an unknown one, or a value of the wrong type (``"abc"``
 for a tuple) is a ``SchemaError``, never a half-built record.
@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import tempfile
 import typing
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 T = TypeVar("T")
 
 Migration = Callable[[dict], dict]
@@ -186,3 +187,24 @@ def migrate(payload: dict, path: Path | str = "record") -> dict:
                               f"{version + 1}")
         version += 1
     return payload
+
+
+# ---- migrations ---------------------------------------------------------------------
+
+_RANK_PREFIX = re.compile(r"rank(\d+):(.*)", re.DOTALL)
+
+
+@migration(1)
+def _rank_field(payload: dict) -> dict:
+    """Version 2 gave census tensors, kernel inputs and unobserved records a ``rank`` field;
+    version 1 wrote the rank of a multi-rank observation as a ``rank<N>:`` name prefix."""
+    if payload.get("kind") == "arm_result" and isinstance(payload.get("data"), dict):
+        for obs in payload["data"].get("observations") or ():
+            if not isinstance(obs, dict) or (obs.get("model") or {}).get("world_size", 1) <= 1:
+                continue
+            for field in ("tensors", "consumed", "unobserved"):
+                for record in obs.get(field) or ():
+                    match = _RANK_PREFIX.fullmatch(record.get("name", "")) if isinstance(record, dict) else None
+                    if match:
+                        record["rank"], record["name"] = int(match[1]), match[2]
+    return {**payload, "schema_version": 2}

@@ -9,9 +9,10 @@ from harness.records import ArmResult, ModelInfo, Observation, PromptOutput, Ten
 QWEN_PACKED = (("gate_up_proj", ("gate_proj", "up_proj")), ("qkv_proj", ("q_proj", "k_proj", "v_proj")))
 
 
-def tensor(name: str, digest: str, address: int = 1000, kind: str = "parameter", nan_count: int = 0) -> TensorRecord:
+def tensor(name: str, digest: str, address: int = 1000, kind: str = "parameter", nan_count: int = 0,
+           rank: int = 0) -> TensorRecord:
     return TensorRecord(name=name, kind=kind, dtype="float32", shape=(4,), device="cpu", address=address,
-                        digest=digest, nan_count=nan_count, absmax=1.0)
+                        digest=digest, nan_count=nan_count, absmax=1.0, rank=rank)
 
 
 def output(prompt: int, tokens: tuple[int, ...], logprob: float = -1.0) -> PromptOutput:
@@ -19,10 +20,11 @@ def output(prompt: int, tokens: tuple[int, ...], logprob: float = -1.0) -> Promp
                         logprobs=tuple(((t, logprob), (t + 1, logprob - 1)) for t in tokens))
 
 
-def obs(label: str, tensors: dict[str, str] | list[TensorRecord], outputs=None) -> Observation:
+def obs(label: str, tensors: dict[str, str] | list[TensorRecord], outputs=None, world_size: int = 1) -> Observation:
     recs = tuple(tensor(n, d) for n, d in tensors.items()) if isinstance(tensors, dict) else tuple(tensors)
     return Observation(label=label, tensors=recs, outputs=tuple(outputs or (output(0, (1, 2, 3)),)),
-                       model=ModelInfo(architecture="Qwen3ForCausalLM", packed_modules_mapping=QWEN_PACKED, world_size=1))
+                       model=ModelInfo(architecture="Qwen3ForCausalLM", packed_modules_mapping=QWEN_PACKED,
+                                       world_size=world_size))
 
 
 def arm(name: str, role: str, *observations: Observation, paths: tuple[str, ...] = (), error: str | None = None) -> ArmResult:

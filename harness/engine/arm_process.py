@@ -19,33 +19,18 @@ from pathlib import Path
 from harness import store
 from harness.engine.engines import Engine, build_engine
 from harness.plan import ArmPlan, sabotaged_twin
-from harness.records import (ArmResult, Completions, ConsumedTensor, HookRecord, Measurement, ModelInfo,
-                             Observation, PromptOutput, TensorRecord, UnobservedRecord)
+from harness.records import (ArmResult, Completions, ConsumedTensor, Measurement, ModelInfo, Observation,
+                             PromptOutput, RankCensus, RankRecording, UnobservedRecord)
 from harness.spec import PromptSpec
 
 
 def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
-    per_rank = engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})
-    multi = len(per_rank) > 1
-    tensors = tuple(
-        TensorRecord(
-            name=f"rank{r['rank']}:{t['name']}" if multi else t["name"], kind=t["kind"], dtype=t["dtype"],
-            shape=tuple(t["shape"]), device=t["device"], address=t["address"], digest=t["digest"],
-            nan_count=t["nan_count"], absmax=t["absmax"],
-        )
-        for r in per_rank for t in r["tensors"]
-    )
+    per_rank = [store.from_jsonable(RankCensus, r) for r in
+                engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})]
     first = per_rank[0]
-    model = ModelInfo(
-        architecture=first["architecture"],
-        packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(first["packed_modules_mapping"].items())),
-        world_size=len(per_rank),
-        weight_names=tuple(sorted(first.get("weight_names", {}).items())),
-    )
-    hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"], owner=h.get("owner", ""))
-                  for h in first["hooks"])
-    unobserved = [UnobservedRecord(name=f"rank{r['rank']}:{u['name']}" if multi else u["name"], kind=u["kind"],
-                                   reason=u["reason"]) for r in per_rank for u in r.get("unobserved", ())]
+    model = ModelInfo(architecture=first.architecture, packed_modules_mapping=first.packed_modules_mapping,
+                      world_size=len(per_rank), weight_names=first.weight_names)
+    unobserved = [u for r in per_rank for u in r.unobserved]
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
     try:
         consumed, unreadable = record_consumed(engine, arm.prompts)
@@ -53,8 +38,9 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
     except Exception as exc:  # noqa: BLE001 - the recorder is an extra; an op it cannot follow must not end the arm
         consumed = ()
         unobserved.append(UnobservedRecord("<kernel-inputs>", "forward", f"{type(exc).__name__}: {exc}"[:300]))
-    return Observation(label=label, tensors=tensors, consumed=consumed, hooks=hooks,
-                       outputs=decoded(engine.generate(arm.prompts), arm), model=model, unobserved=tuple(unobserved))
+    return Observation(label=label, tensors=tuple(t for r in per_rank for t in r.tensors), consumed=consumed,
+                       hooks=first.hooks, outputs=decoded(engine.generate(arm.prompts), arm), model=model,
+                       unobserved=tuple(unobserved))
 
 
 def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutput, ...]:
@@ -76,14 +62,8 @@ def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[Consumed
     try:
         engine.generate(PromptSpec(token_ids=prompts.token_ids[:1], max_tokens=1, logprobs=1))
     finally:
-        per_rank = engine.rpc("refit_harness_recorder_stop")
-    multi = len(per_rank) > 1
-    consumed = tuple(
-        ConsumedTensor(name=f"rank{r['rank']}:{c['name']}" if multi else c["name"], op_index=c["op_index"],
-                       op=c["op"], arg=c["arg"], module=c["module"], dtype=c["dtype"], shape=tuple(c["shape"]),
-                       address=c["address"], digest=c["digest"])
-        for r in per_rank for c in r["consumed"])
-    return consumed, [why for r in per_rank for why in r.get("unreadable", ())]
+        per_rank = [store.from_jsonable(RankRecording, r) for r in engine.rpc("refit_harness_recorder_stop")]
+    return tuple(c for r in per_rank for c in r.consumed), [why for r in per_rank for why in r.unreadable]
 
 
 def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:

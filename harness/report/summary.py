@@ -94,7 +94,8 @@ def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
     for arm in ev.arms:
         for obs in arm.observations:
             for u in obs.unobserved:
-                item = items.setdefault(u.name, {"name": u.name, "kind": u.kind, "reason": u.reason, "arms": []})
+                name = obs.shown_name(u)
+                item = items.setdefault(name, {"name": name, "kind": u.kind, "reason": u.reason, "arms": []})
                 if arm.arm not in item["arms"]:
                     item["arms"].append(arm.arm)
     return {"count": len(items), "items": list(items.values())}

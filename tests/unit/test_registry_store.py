@@ -110,24 +110,69 @@ def test_a_record_of_the_wrong_structure_is_a_schema_error_naming_the_field(tmp_
 
 
 def test_an_older_record_is_migrated_one_version_at_a_time(tmp_path, monkeypatch):
-    """Version 2 (pretend) renamed ArmResult's ``arm`` from ``arm_name``: a version-1 record
+    """A next version (pretend) renamed ArmResult's ``arm`` from ``arm_name``: a record
     written with the old name is upgraded by the registered migration, then validated."""
+    now = store.SCHEMA_VERSION
     result = subject()
     path = store.dump(result, tmp_path / "r.json", "arm_result")
     old = json.loads(path.read_text())
     old["data"]["arm_name"] = old["data"].pop("arm")
     path.write_text(json.dumps(old))
 
-    monkeypatch.setattr(store, "SCHEMA_VERSION", 2)
-    with pytest.raises(store.SchemaError, match="no migration from version 1"):
+    monkeypatch.setattr(store, "SCHEMA_VERSION", now + 1)
+    with pytest.raises(store.SchemaError, match=f"no migration from version {now}"):
         store.load(ArmResult, path, "arm_result")
 
     def rename(payload: dict) -> dict:
         data = dict(payload["data"])
         data["arm"] = data.pop("arm_name")
-        return {**payload, "schema_version": 2, "data": data}
+        return {**payload, "schema_version": now + 1, "data": data}
 
-    monkeypatch.setitem(store.MIGRATIONS, 1, rename)
+    monkeypatch.setitem(store.MIGRATIONS, now, rename)
     assert store.load(ArmResult, path, "arm_result") == result
     with pytest.raises(ValueError, match="already registered"):
-        store.migration(1)(rename)
+        store.migration(now)(rename)
+
+
+def _as_version_1(path):
+    """Rewrite a record file as version 1 wrote it: multi-rank names carry ``rank<N>:``, no ``rank`` field."""
+    payload = json.loads(path.read_text())
+    payload["schema_version"] = 1
+    for o in payload["data"]["observations"]:
+        for field in ("tensors", "consumed", "unobserved"):
+            for r in o[field]:
+                rank = r.pop("rank")
+                if o["model"]["world_size"] > 1 and rank is not None:
+                    r["name"] = f"rank{rank}:{r['name']}"
+    path.write_text(json.dumps(payload))
+
+
+def test_a_version_1_record_with_rank_prefixed_names_loads_with_rank_fields(tmp_path):
+    """Version 1 wrote a TP=2 observation's ranks as ``rank<N>:`` name prefixes; version 2 has
+    a ``rank`` field. A version-1 arm on disk (a run to resume, a cached reference) still loads,
+    and compares exactly as a version-2 record of the same observation."""
+    import dataclasses
+
+    from harness.compare import compare_tensors
+    from harness.records import ConsumedTensor, UnobservedRecord
+    from tests.records import obs, tensor
+
+    consumed = ConsumedTensor(name="model.norm.weight", op_index=3, op="aten.mul.Tensor", arg=1, module="model.norm",
+                              dtype="float32", shape=(4,), address=7, digest="d", rank=1)
+    unobserved = (UnobservedRecord("x.<kernel-output>", "kernel", "why", rank=0),
+                  UnobservedRecord("<kernel-input>", "forward", "arm-level"))
+    tp2 = dataclasses.replace(obs("cold_B", [tensor("model.norm.weight", f"d{r}", rank=r) for r in (0, 1)],
+                                  world_size=2), consumed=(consumed,), unobserved=unobserved)
+    tp1 = obs("cold_A", {"rank9:odd.name": "z"})  # one rank: a name that looks prefixed is left alone
+    result = dataclasses.replace(subject(), observations=(tp1, tp2))
+    path = store.dump(result, tmp_path / "r.json", "arm_result")
+    _as_version_1(path)
+    assert json.loads(path.read_text())["data"]["observations"][1]["tensors"][1]["name"] == "rank1:model.norm.weight"
+
+    back = store.load(ArmResult, path, "arm_result")
+    assert back.observations[1].tensors == tp2.tensors
+    assert back.observations[1].consumed == (consumed,)
+    assert back.observations[1].unobserved == unobserved
+    assert back.observations[0].tensors[0].name == "rank9:odd.name" and back.observations[0].tensors[0].rank == 0
+    assert [d.tensor for d in compare_tensors("noise", back.observations[1], tp2)] == [
+        "rank0:model.norm.weight", "rank1:model.norm.weight"]

@@ -6,7 +6,7 @@ from harness.report.matrix import matrix_summary
 from harness.scenario import ModelRef, ScenarioSpec, expand
 from harness.spec import PerturbSpec
 from harness.verdict import Verdict, VerdictStatus
-from tests.records import obs
+from tests.records import obs, tensor
 
 MATRIX = ScenarioSpec(name="m", description="", models=(ModelRef("tiny", builder="tiny-qwen3"), ModelRef("big", path="/m")),
                       paths=("reload_weights", "transfer_gloo"), modes=("eager", "compiled"), tp_sizes=(1, 2))
@@ -63,17 +63,22 @@ def test_xfail_keeps_the_run_green_and_xpass_fails_it():
 def test_per_rank_observations_localize_a_bug_to_one_rank():
     # TP=2: a replicated norm reloaded with the wrong rank's slice on rank 1 only (vLLM #48025).
     names = ("model.norm.weight", "model.layers.0.self_attn.qkv_proj.<kernel-output>")
-    cold_a = obs("cold_A", {f"rank{r}:{n}": f"a{r}{i}" for r in (0, 1) for i, n in enumerate(names)})
-    cold_b = obs("cold_B", {f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)})
-    warm = obs("warm_B", {**{f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)},
-                          "rank1:model.norm.weight": "a10"})
+
+    def tp2(label, prefix, changed=None):
+        digests = {(r, n): f"{prefix}{r}{i}" for r in (0, 1) for i, n in enumerate(names)} | (changed or {})
+        return obs(label, [tensor(n, d, rank=r) for (r, n), d in digests.items()], world_size=2)
+
+    cold_a, cold_b = tp2("cold_A", "a"), tp2("cold_B", "b")
+    warm = tp2("warm_B", "b", {(1, "model.norm.weight"): "a10"})
     diffs = {d.tensor: d.status for d in compare_tensors("refit", warm, cold_b, witness=cold_a)}
     assert diffs["rank1:model.norm.weight"] is TensorStatus.STALE
     assert {n for n, s in diffs.items() if s is not TensorStatus.OK} == {"rank1:model.norm.weight"}
-    control = obs("warm_B_control", {**{f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)},
-                                     "rank0:model.layers.0.self_attn.qkv_proj.<kernel-output>": "scaled"})
+    control = tp2("warm_B_control", "b", {(0, "model.layers.0.self_attn.qkv_proj.<kernel-output>"): "scaled"})
     outcome = compare_control("model.layers.0.self_attn.q_proj.weight", control, cold_b, 1e-4)
     assert outcome.localized == ("rank0:model.layers.0.self_attn.qkv_proj.<kernel-output>",)
+    # One rank alone: the same names, unprefixed (what a TP=1 report shows).
+    single = obs("warm_B", {"model.norm.weight": "x"})
+    assert [d.tensor for d in compare_tensors("refit", single, single)] == ["model.norm.weight"]
 
 
 def test_model_is_a_directory_or_a_hub_id_fetched_through_huggingface_hub(tmp_path, monkeypatch):
