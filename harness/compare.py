@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, Protocol
 
-from harness.records import ArmResult, ConsumedTensor, Observation, TensorRecord
+from harness.records import ArmResult, ConsumedTensor, Observation, ObservationLabel, TensorRecord
 
 Check = Literal["refit", "idempotency", "round_trip", "noise"]
 
@@ -347,14 +347,13 @@ def hook_runs(before: Observation | None, after: Observation, refit: tuple[Tenso
 
 
 def segment_observations(subject: ArmResult, path: str) -> tuple[dict[str, Observation], Observation | None]:
-    """The path's own observations (labels without the ``path/`` prefix), and the
-    observation taken just before its segment began: the value a stale tensor keeps."""
-    prefix = f"{path}/"
+    """The path's own observations by stage, and the observation taken just before its
+    segment began: the value a stale tensor keeps."""
     own: dict[str, Observation] = {}
     before: Observation | None = None
     for obs in subject.observations:
-        if obs.label.startswith(prefix):
-            own[obs.label[len(prefix):]] = obs
+        if obs.label.path == path:
+            own[obs.label.stage] = obs
         elif not own:
             before = obs
     return own, before
@@ -364,8 +363,8 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
                  control_tensor: str, logprob_atol: float, expected: tuple[str, ...],
                  same_mode: bool = True, same_engine: bool = True,
                  refit_reference: ArmResult | None = None) -> PathComparison:
-    """All checks for one path, from the arms' records. ``expected`` lists the labels the
-    plan said this path's segment would observe (without the ``path/`` prefix).
+    """All checks for one path, from the arms' records. ``expected`` lists the stages the
+    plan said this path's segment would observe.
     ``same_mode`` is False when the subject runs compiled and the reference eager: their
     recorded op sequences are different programs, so kernel inputs are not compared.
     ``same_engine`` is False when the path starts a new engine at every refit: addresses
@@ -397,7 +396,7 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
         tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"],
                                    before=obs["warm_B"] if same_engine else None, noisy=noisy)
         tokens += compare_outputs("idempotency", obs["warm_B_again"], obs["warm_B"])
-    cold_a = subject.observation("cold_A")
+    cold_a = subject.observation(ObservationLabel("cold_A"))
     if cold_a is not None and "warm_A" in obs:
         tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"),
                                    before=moved_from, noisy=noisy)

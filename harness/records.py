@@ -140,12 +140,45 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ObservationLabel:
+    """A point of an arm's life where the engine is observed; ``str()`` gives the form
+    reports show, ``<path>/<stage>`` in a segment, ``<stage>`` before any."""
+
+    stage: str
+    """``cold_<start>`` (``cold_A``, ``cold_B``, ``cold_dummy``, ``cold_B_damaged``) at the cold
+    start; in a segment, after its refits: ``warm_B``, ``warm_B_again``, ``warm_B_control``, ``warm_A``."""
+    path: str | None = None
+    """The segment it belongs to: a reload path, or its sabotaged twin ``<path>~sabotage``
+    (``harness.plan.sabotaged_twin``); None at the cold start."""
+
+    def __str__(self) -> str:
+        return self.stage if self.path is None else f"{self.path}/{self.stage}"
+
+
+@dataclass(frozen=True)
+class ProbeLabel:
+    """A throughput or accuracy probe, taken right after an observation point."""
+
+    probe: Literal["throughput", "accuracy"]
+    """Which probe."""
+    after: ObservationLabel
+    """The point it follows: a cold start (``cold_B``, ``cold_B_damaged``) or a path's ``warm_B``."""
+
+    @property
+    def point(self) -> str:
+        """What reports group it under: the path, or the cold stage (``cold_B``)."""
+        return self.after.stage if self.after.path is None else self.after.path
+
+    def __str__(self) -> str:
+        return f"{self.point}/{self.probe}"
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything observed at one labelled point of an arm's life."""
 
-    label: str
-    """Point in the arm's life: ``cold_A``, ``cold_B``, ``warm_B``, ``warm_B_again``,
-    ``warm_A``, ``warm_B_control``."""
+    label: ObservationLabel
+    """Point in the arm's life."""
     tensors: tuple[TensorRecord, ...]
     """Census of every tensor reachable from the model, all ranks."""
     outputs: tuple[PromptOutput, ...]
@@ -202,7 +235,7 @@ class RankRecording:
 class Measurement:
     """Generation throughput measured at one point of an arm's life."""
 
-    label: str
+    label: ProbeLabel
     """``cold_B/throughput`` or ``<path>/throughput`` (after that path's refit to B)."""
     batch: int
     """Prompts per run."""
@@ -216,7 +249,7 @@ class Measurement:
 class Completions:
     """Greedy completions of the accuracy prompts at one point of an arm's life (``--accuracy``)."""
 
-    label: str
+    label: ProbeLabel
     """``cold_B/accuracy``, ``cold_B_damaged/accuracy`` or ``<path>/accuracy`` (after its refit to B)."""
     tokenizer: str
     """Which tokenizer encoded the prompts and decoded the completions: the checkpoint's own
@@ -268,5 +301,5 @@ class ArmResult:
     observation (before any refit) failed with one. The paths of such an arm are SKIPPED
     with this reason, not ERROR."""
 
-    def observation(self, label: str) -> Observation | None:
+    def observation(self, label: ObservationLabel) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

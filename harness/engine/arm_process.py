@@ -18,13 +18,13 @@ from pathlib import Path
 
 from harness import store
 from harness.engine.engines import Engine, build_engine
-from harness.plan import ArmPlan, sabotaged_twin
+from harness.plan import ArmPlan, Probe, Refit, Step, sabotaged_twin
 from harness.records import (ArmResult, Completions, ConsumedTensor, Measurement, ModelInfo, Observation,
-                             PromptOutput, RankCensus, RankRecording, UnobservedRecord)
+                             ObservationLabel, ProbeLabel, PromptOutput, RankCensus, RankRecording, UnobservedRecord)
 from harness.spec import PromptSpec
 
 
-def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
+def observe(engine: Engine, arm: ArmPlan, label: ObservationLabel) -> Observation:
     per_rank = [store.from_jsonable(RankCensus, r) for r in
                 engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})]
     first = per_rank[0]
@@ -66,7 +66,7 @@ def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[Consumed
     return tuple(c for r in per_rank for c in r.consumed), [why for r in per_rank for why in r.unreadable]
 
 
-def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:
+def measure_throughput(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Measurement:
     """Greedy generation of a batch of the fixed prompts: one untimed warm-up, then timed runs."""
     spec = arm.throughput
     assert spec is not None, "a measure step without a throughput spec"
@@ -82,7 +82,7 @@ def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:
     return Measurement(label=label, batch=spec.batch, output_len=spec.output_len, tokens_per_s=tuple(rates))
 
 
-def measure_accuracy(engine: Engine, arm: ArmPlan, label: str) -> Completions:
+def measure_accuracy(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Completions:
     """Greedy completions of the accuracy prompts, tokenized and decoded here (B's tokenizer,
     or the harness's character-level one), so the parent never needs a tokenizer."""
     from harness.engine.tokenize import load_tokenizer
@@ -158,18 +158,16 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
         for step in arm.steps:
-            print(f"[{arm.name}] {step.action} {step.argument}" + (f" via {step.path}" if step.path else "")
-                  + (" (sabotaged)" if step.sabotaged else ""), flush=True)
-            owner = sabotaged_twin(step.path) if step.sabotaged else step.path
-            segment_path = owner or (step.argument.split("/", 1)[0] if "/" in step.argument else None)
-            current[0] = (segment_path, f"{step.action} {step.argument.rsplit('/', 1)[-1]}")
-            if step.action == "refit":
+            print(f"[{arm.name}] {describe(step)}", flush=True)
+            if isinstance(step, Refit):
+                owner = sabotaged_twin(step.path) if step.sabotaged else step.path
+                current[0] = (owner, f"refit {step.target}")
                 # Say where we are before a step that can hang or kill the engine: if the arm
                 # is killed here, the record charges the failure to this segment, not the earlier ones.
-                save("error", f"arm stopped during {current[0][1]} of {segment_path}")
+                save("error", f"arm stopped during {current[0][1]} of {owner}")
                 path = paths[step.path]
-                restart = (path.sabotaged_refit(engine, step.argument) if step.sabotaged
-                           else path.refit(engine, arm.checkpoints.directory(step.argument), step.argument))
+                restart = (path.sabotaged_refit(engine, step.target) if step.sabotaged
+                           else path.refit(engine, arm.checkpoints.directory(step.target), step.target))
                 if restart is not None:
                     watchdog.set()  # the old engine's processes end on purpose
                     engine.close(wait=True)
@@ -178,16 +176,20 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
                     watchdog = watch_engine_processes(lambda why: save("error", why))
-            elif step.action == "accuracy":
-                completions.append(measure_accuracy(engine, arm, step.argument))
-                save("error", f"arm stopped after the accuracy probe {step.argument!r}")
-            elif step.action == "measure":
-                measurements.append(measure_throughput(engine, arm, step.argument))
-                save("error", f"arm stopped after measuring {step.argument!r}")
+            elif isinstance(step, Probe):
+                label = step.label
+                current[0] = (label.after.path, f"{_PROBE_ACTION[label.probe]} {label.probe}")
+                if label.probe == "accuracy":
+                    completions.append(measure_accuracy(engine, arm, label))
+                    save("error", f"arm stopped after the accuracy probe {str(label)!r}")
+                else:
+                    measurements.append(measure_throughput(engine, arm, label))
+                    save("error", f"arm stopped after measuring {str(label)!r}")
             else:
-                observations.append(observe(engine, arm, step.argument))
+                current[0] = (step.label.path, f"observe {step.label.stage}")
+                observations.append(observe(engine, arm, step.label))
                 # Keep what was measured; if the arm dies later, this file says so.
-                save("error", f"arm stopped after observing {step.argument!r}")
+                save("error", f"arm stopped after observing {str(step.label)!r}")
         current[0] = (None, None)
         return save("ok", None)
     except Exception as exc:  # noqa: BLE001 - an arm's failure is a value
@@ -203,6 +205,18 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
             path.close()
         if engine is not None:
             engine.close()
+
+
+_PROBE_ACTION = {"throughput": "measure", "accuracy": "accuracy"}
+
+
+def describe(step: Step) -> str:
+    """One line of the arm's log per step."""
+    if isinstance(step, Refit):
+        return f"refit {step.target} via {step.path}" + (" (sabotaged)" if step.sabotaged else "")
+    if isinstance(step, Probe):
+        return f"{_PROBE_ACTION[step.label.probe]} {step.label}"
+    return f"observe {step.label}"
 
 
 _UNSUPPORTED = re.compile(r"\b(not supported|unsupported|not implemented)\b", re.IGNORECASE)

@@ -57,7 +57,7 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         "reference": {"key": ev.record.reference_key, "reused": bool(reused)},
         "throughput": throughput,
         "arms": [{"arm": a.arm, "role": a.role, "paths": list(a.paths), "status": a.status, "error": a.error,
-                  "seconds": a.seconds, "observations": [o.label for o in a.observations],
+                  "seconds": a.seconds, "observations": [str(o.label) for o in a.observations],
                   "cold_starts": a.cold_starts, "reused": a.arm in reused} for a in ev.arms],
         "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
                         "B_control": ev.record.checkpoints.b_control,

@@ -112,16 +112,19 @@ def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):
 def test_throughput_probe_steps_come_after_cold_b_and_after_the_first_refit_to_b():
     from harness.checkpoints import CheckpointSet
     from harness.requirements import EngineRequirements
-    from harness.plan import PathNeeds, Step, make_plan
+    from harness.plan import Observe, PathNeeds, Probe, make_plan
+    from harness.records import ObservationLabel, ProbeLabel
     from harness.spec import RunSpec, ThroughputSpec
 
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="t")
     needs = {p: PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A")) for p in ("x", "y")}
     plain = make_plan(RunSpec(model="/a", paths=("x", "y")), cs, needs, {})
-    assert not any(s.action == "measure" for a in plain.arms for s in a.steps)
+    assert not any(isinstance(s, Probe) for a in plain.arms for s in a.steps)
     plan = make_plan(RunSpec(model="/a", paths=("x", "y"), throughput=ThroughputSpec()), cs, needs, {})
     ref, noise, subject = plan.arms
-    assert ref.steps[-1] == Step("measure", "cold_B/throughput") and noise.steps == ref.steps
-    at = subject.steps.index(Step("measure", "x/throughput"))
-    assert subject.steps[at - 1] == Step("observe", "x/warm_B")
-    assert sum(s.action == "measure" for s in subject.steps) == 1
+    cold_b, warm_b = ObservationLabel("cold_B"), ObservationLabel("warm_B", "x")
+    assert ref.steps[-1] == Probe(ProbeLabel("throughput", cold_b)) and noise.steps == ref.steps
+    assert str(ref.steps[-1].label) == "cold_B/throughput"
+    at = subject.steps.index(Probe(ProbeLabel("throughput", warm_b)))
+    assert subject.steps[at - 1] == Observe(warm_b) and str(subject.steps[at].label) == "x/throughput"
+    assert sum(isinstance(s, Probe) for s in subject.steps) == 1
