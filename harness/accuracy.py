@@ -148,7 +148,7 @@ def judge_accuracy(arms: tuple[ArmResult, ...] | list[ArmResult], answers: tuple
     for a in arms:
         for c in a.completions:
             correct, invalid = score(c.texts, answers)
-            raw.append((c.label.split("/", 1)[0], a.arm, correct, invalid))
+            raw.append((c.label.point, a.arm, correct, invalid))
     cold = [r[2] for r in raw if r[0] == "cold_B"]
     damaged = [r[2] for r in raw if r[0] == "cold_B_damaged"]
     cold_range = (min(cold), max(cold)) if cold else None

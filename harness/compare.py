@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, Protocol
 
-from harness.records import ArmResult, ConsumedTensor, Observation, TensorRecord
+from harness.records import ArmResult, ConsumedTensor, Observation, ObservationLabel, TensorRecord
 
 Check = Literal["refit", "idempotency", "round_trip", "noise"]
 
@@ -189,7 +189,8 @@ def classify(subject: Digested | None, reference: Digested | None, witness: Dige
 
 
 def _by_name(obs: Observation) -> dict[str, TensorRecord]:
-    return {t.name: t for t in obs.tensors}
+    """Census records by the name a report shows (``rank<N>:`` first with more than one rank)."""
+    return {obs.shown_name(t): t for t in obs.tensors}
 
 
 def compare_tensors(check: Check, subject: Observation, reference: Observation,
@@ -269,7 +270,8 @@ def compare_control(checkpoint_tensor: str, control: Observation, baseline: Obse
     diffs = compare_tensors("refit", control, baseline, noisy=noisy)
     changed = tuple(d.tensor for d in diffs if d.status not in (TensorStatus.OK, TensorStatus.REBOUND, TensorStatus.NOISY))
     targets = control_targets(checkpoint_tensor, control.model.packed_modules_mapping)
-    localized = tuple(n for n in changed if any(_belongs(n, t) for t in targets))
+    bare = {o.shown_name(t): t.name for o in (baseline, control) for t in o.tensors}
+    localized = tuple(n for n in changed if any(bare[n].startswith(t + ".") for t in targets))
     token_diffs = compare_outputs("refit", control, baseline)
     shift = max((d.max_logprob_diff for d in token_diffs), default=0.0)
     moved = any(d.first_divergence is not None for d in token_diffs) or shift > logprob_floor
@@ -277,15 +279,10 @@ def compare_control(checkpoint_tensor: str, control: Observation, baseline: Obse
     noisy_inputs = {k for k, d in _consumed_by_key(noise).items()
                     if (r := ref_inputs.get(k)) is not None and r.digest != d.digest}
     base = _consumed_by_key(baseline)
-    first = next((c.name for k, c in _consumed_by_key(control).items()
+    first = next((control.shown_name(c) for k, c in _consumed_by_key(control).items()
                   if k not in noisy_inputs and k in base and base[k].digest != c.digest), None)
     return ControlOutcome(checkpoint_tensor=checkpoint_tensor, expected_modules=targets, changed=changed,
                           localized=localized, max_logprob_shift=shift, tokens_moved=moved, first_kernel_input=first)
-
-
-def _belongs(tensor_name: str, module: str) -> bool:
-    bare = tensor_name.split(":", 1)[1] if tensor_name.startswith("rank") and ":" in tensor_name else tensor_name
-    return bare.startswith(module + ".")
 
 
 def noisy_tensors(reference: ArmResult | None, noise: ArmResult | None) -> frozenset[str]:
@@ -329,10 +326,10 @@ def compare_consumed(subject: Observation, reference: Observation, witness: Obse
     diffs = []
     for key in list(subj) + [k for k in ref if k not in subj]:
         s, r, w, p, n = subj.get(key), ref.get(key), wit.get(key), prev.get(key), noisy.get(key)
-        moved = s is not None and p is not None and p.address != s.address and p.name == s.name
+        moved = s is not None and p is not None and p.address != s.address and (p.rank, p.name) == (s.rank, s.name)
         status = classify(s, r, w, moved=moved, noisy=n is not None and r is not None and n.digest != r.digest)
-        c = s or r
-        diffs.append(ConsumedDiff(op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=c.name, status=status))
+        c, shown = (s, subject.shown_name(s)) if s is not None else (r, reference.shown_name(r))
+        diffs.append(ConsumedDiff(op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=shown, status=status))
     return tuple(sorted(diffs, key=lambda d: d.op_index))
 
 
@@ -350,14 +347,13 @@ def hook_runs(before: Observation | None, after: Observation, refit: tuple[Tenso
 
 
 def segment_observations(subject: ArmResult, path: str) -> tuple[dict[str, Observation], Observation | None]:
-    """The path's own observations (labels without the ``path/`` prefix), and the
-    observation taken just before its segment began: the value a stale tensor keeps."""
-    prefix = f"{path}/"
+    """The path's own observations by stage, and the observation taken just before its
+    segment began: the value a stale tensor keeps."""
     own: dict[str, Observation] = {}
     before: Observation | None = None
     for obs in subject.observations:
-        if obs.label.startswith(prefix):
-            own[obs.label[len(prefix):]] = obs
+        if obs.label.path == path:
+            own[obs.label.stage] = obs
         elif not own:
             before = obs
     return own, before
@@ -367,8 +363,8 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
                  control_tensor: str, logprob_atol: float, expected: tuple[str, ...],
                  same_mode: bool = True, same_engine: bool = True,
                  refit_reference: ArmResult | None = None) -> PathComparison:
-    """All checks for one path, from the arms' records. ``expected`` lists the labels the
-    plan said this path's segment would observe (without the ``path/`` prefix).
+    """All checks for one path, from the arms' records. ``expected`` lists the stages the
+    plan said this path's segment would observe.
     ``same_mode`` is False when the subject runs compiled and the reference eager: their
     recorded op sequences are different programs, so kernel inputs are not compared.
     ``same_engine`` is False when the path starts a new engine at every refit: addresses
@@ -400,7 +396,7 @@ def compare_path(path: str, subject: ArmResult, reference: ArmResult | None, noi
         tensors += compare_tensors("idempotency", obs["warm_B_again"], obs["warm_B"],
                                    before=obs["warm_B"] if same_engine else None, noisy=noisy)
         tokens += compare_outputs("idempotency", obs["warm_B_again"], obs["warm_B"])
-    cold_a = subject.observation("cold_A")
+    cold_a = subject.observation(ObservationLabel("cold_A"))
     if cold_a is not None and "warm_A" in obs:
         tensors += compare_tensors("round_trip", obs["warm_A"], cold_a, witness=obs.get("warm_B_control"),
                                    before=moved_from, noisy=noisy)

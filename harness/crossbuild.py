@@ -507,7 +507,7 @@ def value_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tu
         return ()
     floor = (_differing(_cold(base2), b) | _differing(_cold(base, "noise"), b)
              | _differing(_cold(pr, "noise"), p))
-    bt, pt = {t.name: t for t in b.tensors}, {t.name: t for t in p.tensors}
+    bt, pt = ({o.shown_name(t): t for t in o.tensors} for o in (b, p))
     rows = []
     for d in compare_tensors("noise", p, b):
         if d.status is TensorStatus.OK:
@@ -541,13 +541,14 @@ def layer_changes(base: Evaluation, pr: Evaluation, base2: Evaluation | None
     def per_layer(other: Observation | None) -> dict[str, float]:
         if other is None:
             return {}
-        ot = {t.name: t for t in other.tensors}
+        ot = {other.shown_name(t): t for t in other.tensors}
         out: dict[str, float] = {}
         for t in b.tensors:
-            o = ot.get(t.name)
+            name = b.shown_name(t)
+            o = ot.get(name)
             if o is None:
                 continue
-            change = 0.0 if o.digest == t.digest or t.name in noisy else _rel(t.absmax, o.absmax)
+            change = 0.0 if o.digest == t.digest or name in noisy else _rel(t.absmax, o.absmax)
             layer = layer_of(t.name)
             out[layer] = max(out.get(layer, 0.0), change or 0.0)
         return out

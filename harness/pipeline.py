@@ -20,7 +20,7 @@ from harness import checkpoints, reference, store
 from harness.compare import compare_path
 from harness.engine.fanout import FanoutSpec
 from harness.evaluation import Evaluation, RunRecord
-from harness.plan import ArmPlan, PathNeeds, Plan, make_plan, mode_reference_name, sabotaged_twin
+from harness.plan import ArmPlan, Observe, PathNeeds, Plan, make_plan, mode_reference_name, sabotaged_twin
 from harness.records import ArmResult
 from harness.reference import ReferenceInputs
 from harness.spec import RunSpec, shared_prefix_prompts, text_prompts
@@ -223,7 +223,7 @@ def execute(spec: RunSpec, out: Path, progress: Progress, fan: FanoutSpec | None
             todo.append(arm)
 
     def started(arm: ArmPlan) -> None:
-        progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.removeprefix('cold_')}"
+        progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.stage.removeprefix('cold_')}"
                  + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
                  + f" (log: {arm_files(out, arm)[2]})")
 
@@ -353,9 +353,8 @@ def evaluate(out: Path) -> Evaluation:
 
 
 def _labels(arm: ArmPlan, owner: str) -> tuple[str, ...]:
-    """Labels the plan said ``owner`` (a path or its sabotaged twin) would observe, without the prefix."""
-    return tuple(s.argument.split("/", 1)[1] for s in arm.steps
-                 if s.action == "observe" and s.argument.startswith(f"{owner}/"))
+    """Stages the plan said ``owner`` (a path or its sabotaged twin) would observe."""
+    return tuple(s.label.stage for s in arm.steps if isinstance(s, Observe) and s.label.path == owner)
 
 
 def _packed_mapping(subject: ArmResult) -> tuple[tuple[str, tuple[str, ...]], ...]:

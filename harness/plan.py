@@ -8,7 +8,7 @@ from typing import Literal
 from harness.builds import BuildSpec
 from harness.checkpoint_set import CheckpointSet
 from harness.requirements import EngineRequirements, RefitTarget
-from harness.records import ArmRole
+from harness.records import ArmRole, ObservationLabel, ProbeLabel
 from harness.spec import AccuracyPrompts, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
@@ -39,19 +39,36 @@ class PathNeeds:
 
 
 @dataclass(frozen=True)
-class Step:
-    """One thing an arm does after its cold start."""
+class Observe:
+    """Census, one recorded forward and greedy outputs."""
 
-    action: Literal["observe", "refit", "measure", "accuracy"]
-    """``observe``: census + greedy outputs; ``refit``: update weights through ``path``;
-    ``measure``: the throughput probe; ``accuracy``: the accuracy probe's completions."""
-    argument: str
-    """For ``observe``, ``measure`` and ``accuracy``, the label; for ``refit``, the checkpoint key (A, B, B_control)."""
-    path: str | None = None
-    """Reload path of a ``refit`` step."""
+    label: ObservationLabel
+    """Where in the arm's life."""
+
+
+@dataclass(frozen=True)
+class Refit:
+    """Update the weights through a reload path."""
+
+    target: RefitTarget
+    """Checkpoint to refit to."""
+    path: str
+    """Reload path that does it."""
     sabotaged: bool = False
     """Refit through the path's sabotaged twin: the one step the path exists for is
     skipped or broken, so the check that follows must fail."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The throughput probe (timed generation) or the accuracy probe (completions)."""
+
+    label: ProbeLabel
+    """Which probe, and the point it follows."""
+
+
+Step = Observe | Refit | Probe
+"""One thing an arm does after its cold start."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +103,8 @@ class ArmPlan:
     """Prompts of the arm's ``accuracy`` steps, if any."""
 
     @property
-    def cold_label(self) -> str:
-        return "cold_dummy" if self.requirements.load_format == "dummy" else f"cold_{self.start}"
+    def cold_label(self) -> ObservationLabel:
+        return ObservationLabel("cold_dummy" if self.requirements.load_format == "dummy" else f"cold_{self.start}")
 
 
 @dataclass(frozen=True)
@@ -122,11 +139,11 @@ def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False
     seen: set[str] = set()
     owner = sabotaged_twin(path) if sabotaged else path
     for i, target in enumerate(targets):
-        label = OBSERVATION_OF[target]
-        if label in seen:
-            label += "_again"
-        seen.add(label)
-        steps += [Step("refit", target, path, sabotaged=sabotaged and i == 0), Step("observe", f"{owner}/{label}")]
+        stage = OBSERVATION_OF[target]
+        if stage in seen:
+            stage += "_again"
+        seen.add(stage)
+        steps += [Refit(target, path, sabotaged=sabotaged and i == 0), Observe(ObservationLabel(stage, owner))]
     return tuple(steps)
 
 
@@ -148,11 +165,12 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
     if not runnable:
         return Plan(arms=(), skipped=skipped)
-    cold_b = (Step("observe", "cold_B"),)
+    cold = ObservationLabel("cold_B")
+    cold_b: tuple[Step, ...] = (Observe(cold),)
     if spec.throughput:
-        cold_b += (Step("measure", "cold_B/throughput"),)
+        cold_b += (Probe(ProbeLabel("throughput", cold)),)
     if accuracy:
-        cold_b += (Step("accuracy", "cold_B/accuracy"),)
+        cold_b += (Probe(ProbeLabel("accuracy", cold)),)
     plain = EngineRequirements()
     arms = [ArmPlan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain, **common),
             ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common)]
@@ -161,12 +179,12 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
         groups.setdefault(paths[p].requirements, []).append(p)
     for requirements, members in groups.items():
         probe = ArmPlan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements, **common)
-        steps = (Step("observe", probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
+        steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
         # Right after the first path's refit to B: the refit engine's speed and accuracy.
-        warm_b = Step("observe", f"{members[0]}/warm_B")
-        at = steps.index(warm_b) + 1 if warm_b in steps else len(steps)
-        probes = ((Step("measure", f"{members[0]}/throughput"),) if spec.throughput else ()) + (
-            (Step("accuracy", f"{members[0]}/accuracy"),) if accuracy else ())
+        warm_b = ObservationLabel("warm_B", members[0])
+        at = steps.index(Observe(warm_b)) + 1 if Observe(warm_b) in steps else len(steps)
+        probes = ((Probe(ProbeLabel("throughput", warm_b)),) if spec.throughput else ()) + (
+            (Probe(ProbeLabel("accuracy", warm_b)),) if accuracy else ())
         steps = steps[:at] + probes + steps[at:]
         if spec.sabotage:
             steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
@@ -177,9 +195,10 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     # (bf16, measured: logprobs 0.004 apart and tokens diverging, with every tensor equal).
     for mode in sorted({r.mode for r in groups if r.mode and r.mode != spec.engine.mode}):
         arms.insert(2, ArmPlan(name=mode_reference_name(mode), role="mode_reference", paths=(), start="B",
-                               steps=(Step("observe", "cold_B"),), requirements=EngineRequirements(mode=mode),
+                               steps=(Observe(cold),), requirements=EngineRequirements(mode=mode),
                                **common))
     if accuracy:  # the eval's discriminating power: does a damaged B score lower than B?
         arms.append(ArmPlan(name="damaged", role="damaged", paths=(), start="B_damaged",
-                            steps=(Step("accuracy", "cold_B_damaged/accuracy"),), requirements=plain, **common))
+                            steps=(Probe(ProbeLabel("accuracy", ObservationLabel("cold_B_damaged"))),),
+                            requirements=plain, **common))
     return Plan(arms=tuple(arms), skipped=skipped)

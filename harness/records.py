@@ -20,8 +20,7 @@ class TensorRecord:
     """One tensor reachable from the model, as seen at one moment on one rank."""
 
     name: str
-    """Dotted path from the model root, e.g. ``model.layers.0.self_attn.q_norm.weight``.
-    With more than one rank the name starts with ``rank<N>:``."""
+    """Dotted path from the model root, e.g. ``model.layers.0.self_attn.q_norm.weight``."""
     kind: TensorKind
     """How it was reached: registered parameter/buffer, plain attribute, an attribute
     of a non-module object (quant method, kernel object), a closure/partial, or
@@ -42,6 +41,8 @@ class TensorRecord:
     """Number of NaN elements (0 for non-float dtypes)."""
     absmax: float
     """Largest absolute value (0.0 for empty tensors); a readable hint, not used for judging."""
+    rank: int = 0
+    """Worker rank that holds it (see ``Observation.shown_name``)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class UnobservedRecord:
     """Census kind it would have had (``kernel`` for a kernel probe), or ``forward``."""
     reason: str
     """Why it could not be observed: the exception vLLM or torch raised, shortened."""
+    rank: int | None = None
+    """Worker rank that reached it; None for what the arm itself could not observe (its
+    recorded forward), which belongs to no one rank."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class ConsumedTensor:
     """blake3-128 of the bytes read, as ``TensorRecord.digest``."""
     nan_count: int = 0
     """NaN elements read (a NaN counts as a difference, as for census tensors)."""
+    rank: int = 0
+    """Worker rank whose forward read it."""
 
 
 @dataclass(frozen=True)
@@ -134,12 +140,45 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ObservationLabel:
+    """A point of an arm's life where the engine is observed; ``str()`` gives the form
+    reports show, ``<path>/<stage>`` in a segment, ``<stage>`` before any."""
+
+    stage: str
+    """``cold_<start>`` (``cold_A``, ``cold_B``, ``cold_dummy``, ``cold_B_damaged``) at the cold
+    start; in a segment, after its refits: ``warm_B``, ``warm_B_again``, ``warm_B_control``, ``warm_A``."""
+    path: str | None = None
+    """The segment it belongs to: a reload path, or its sabotaged twin ``<path>~sabotage``
+    (``harness.plan.sabotaged_twin``); None at the cold start."""
+
+    def __str__(self) -> str:
+        return self.stage if self.path is None else f"{self.path}/{self.stage}"
+
+
+@dataclass(frozen=True)
+class ProbeLabel:
+    """A throughput or accuracy probe, taken right after an observation point."""
+
+    probe: Literal["throughput", "accuracy"]
+    """Which probe."""
+    after: ObservationLabel
+    """The point it follows: a cold start (``cold_B``, ``cold_B_damaged``) or a path's ``warm_B``."""
+
+    @property
+    def point(self) -> str:
+        """What reports group it under: the path, or the cold stage (``cold_B``)."""
+        return self.after.stage if self.after.path is None else self.after.path
+
+    def __str__(self) -> str:
+        return f"{self.point}/{self.probe}"
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything observed at one labelled point of an arm's life."""
 
-    label: str
-    """Point in the arm's life: ``cold_A``, ``cold_B``, ``warm_B``, ``warm_B_again``,
-    ``warm_A``, ``warm_B_control``."""
+    label: ObservationLabel
+    """Point in the arm's life."""
     tensors: tuple[TensorRecord, ...]
     """Census of every tensor reachable from the model, all ranks."""
     outputs: tuple[PromptOutput, ...]
@@ -153,12 +192,50 @@ class Observation:
     unobserved: tuple[UnobservedRecord, ...] = ()
     """What the census could not observe on any rank, with the reason (older records: none)."""
 
+    def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord) -> str:
+        """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more
+        than one rank was observed, the bare name otherwise."""
+        return f"rank{record.rank}:{record.name}" if self.model.world_size > 1 and record.rank is not None \
+            else record.name
+
+
+@dataclass(frozen=True)
+class RankCensus:
+    """What one worker rank answers to the census call (built in the worker, sent as JSON)."""
+
+    rank: int
+    """The worker's rank."""
+    tensors: tuple[TensorRecord, ...]
+    """Its census, every record carrying ``rank``."""
+    unobserved: tuple[UnobservedRecord, ...]
+    """What it reached and could not observe."""
+    architecture: str
+    """Class name of the model vLLM instantiated."""
+    packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...]
+    """vLLM's ``packed_modules_mapping``, sorted (see ``ModelInfo``)."""
+    hooks: tuple[HookRecord, ...]
+    """Post-load hooks and their call counts on this rank."""
+    weight_names: tuple[tuple[str, str], ...]
+    """Checkpoint name -> the model's own name, where vLLM renames it (see ``ModelInfo``)."""
+
+
+@dataclass(frozen=True)
+class RankRecording:
+    """What one worker rank answers when its kernel-input recorder is stopped."""
+
+    rank: int
+    """The worker's rank."""
+    consumed: tuple[ConsumedTensor, ...]
+    """Persistent tensors its kernels read, in op order, every record carrying ``rank``."""
+    unreadable: tuple[str, ...]
+    """Op inputs the recorder could not digest, with the reason."""
+
 
 @dataclass(frozen=True)
 class Measurement:
     """Generation throughput measured at one point of an arm's life."""
 
-    label: str
+    label: ProbeLabel
     """``cold_B/throughput`` or ``<path>/throughput`` (after that path's refit to B)."""
     batch: int
     """Prompts per run."""
@@ -172,7 +249,7 @@ class Measurement:
 class Completions:
     """Greedy completions of the accuracy prompts at one point of an arm's life (``--accuracy``)."""
 
-    label: str
+    label: ProbeLabel
     """``cold_B/accuracy``, ``cold_B_damaged/accuracy`` or ``<path>/accuracy`` (after its refit to B)."""
     tokenizer: str
     """Which tokenizer encoded the prompts and decoded the completions: the checkpoint's own
@@ -224,5 +301,5 @@ class ArmResult:
     observation (before any refit) failed with one. The paths of such an arm are SKIPPED
     with this reason, not ERROR."""
 
-    def observation(self, label: str) -> Observation | None:
+    def observation(self, label: ObservationLabel) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

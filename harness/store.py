@@ -1,7 +1,7 @@
 """Versioned records on disk.
 
 Every file carries ``schema_version``; ``load`` refuses files from a newer harness and
-upgrades older ones through the registered ``MIGRATIONS`` (none yet: this is version 1).
+upgrades older ones through the registered ``MIGRATIONS`` (at the end of this module).
 Frozen dataclasses are written as plain JSON and validated on load by pydantic over the
 same dataclasses: a missing field, an unknown one, or a value of the wrong type (``"abc"``
 for a tuple) is a ``SchemaError``, never a half-built record.
@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import tempfile
 import typing
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 T = TypeVar("T")
 
 Migration = Callable[[dict], dict]
@@ -186,3 +187,67 @@ def migrate(payload: dict, path: Path | str = "record") -> dict:
                               f"{version + 1}")
         version += 1
     return payload
+
+
+# ---- migrations ---------------------------------------------------------------------
+
+_RANK_PREFIX = re.compile(r"rank(\d+):(.*)", re.DOTALL)
+
+
+@migration(1)
+def _rank_field(payload: dict) -> dict:
+    """Version 2 gave census tensors, kernel inputs and unobserved records a ``rank`` field;
+    version 1 wrote the rank of a multi-rank observation as a ``rank<N>:`` name prefix."""
+    if payload.get("kind") == "arm_result" and isinstance(payload.get("data"), dict):
+        for obs in payload["data"].get("observations") or ():
+            if not isinstance(obs, dict) or (obs.get("model") or {}).get("world_size", 1) <= 1:
+                continue
+            for field in ("tensors", "consumed", "unobserved"):
+                for record in obs.get(field) or ():
+                    match = _RANK_PREFIX.fullmatch(record.get("name", "")) if isinstance(record, dict) else None
+                    if match:
+                        record["rank"], record["name"] = int(match[1]), match[2]
+    return {**payload, "schema_version": 2}
+
+
+def _observation_label(label: str) -> dict:
+    path, _, stage = label.rpartition("/")
+    return {"stage": stage, "path": path or None}
+
+
+def _probe_label(label: str) -> dict:
+    point, _, probe = label.rpartition("/")
+    # A probe follows a cold start (cold_B, cold_B_damaged) or a path's refit to B; no path is named cold_*.
+    after = {"stage": point, "path": None} if point.startswith("cold_") else {"stage": "warm_B", "path": point}
+    return {"probe": probe, "after": after}
+
+
+def _typed_step(step: dict) -> dict:
+    if step.get("action") == "refit":
+        return {"target": step["argument"], "path": step["path"], "sabotaged": step.get("sabotaged", False)}
+    if step.get("action") in ("measure", "accuracy"):
+        return {"label": _probe_label(step["argument"])}
+    return {"label": _observation_label(step["argument"])}
+
+
+@migration(2)
+def _typed_labels(payload: dict) -> dict:
+    """Version 3 typed the labels and steps: an observation's ``"<path>/<stage>"`` became
+    ``{"stage", "path"}``, a probe's ``"<point>/<probe>"`` ``{"probe", "after"}``, and a step's
+    ``action`` + ``argument`` (a label or a checkpoint key) one of Observe, Refit, Probe."""
+    data, kind = payload.get("data"), payload.get("kind")
+    if isinstance(data, dict):
+        plans = [data] if kind == "arm_plan" else []
+        if kind == "run_record" and isinstance(data.get("plan"), dict):
+            plans = data["plan"].get("arms") or []
+        for plan in plans:
+            if isinstance(plan, dict) and isinstance(plan.get("steps"), list):
+                plan["steps"] = [_typed_step(s) if isinstance(s, dict) and isinstance(s.get("argument"), str) else s
+                                 for s in plan["steps"]]
+        if kind == "arm_result":
+            for field, typed in (("observations", _observation_label), ("measurements", _probe_label),
+                                 ("completions", _probe_label)):
+                for record in data.get(field) or ():
+                    if isinstance(record, dict) and isinstance(record.get("label"), str):
+                        record["label"] = typed(record["label"])
+    return {**payload, "schema_version": 3}

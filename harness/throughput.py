@@ -34,7 +34,7 @@ def points(arms: tuple[ArmResult, ...] | list[ArmResult]) -> tuple[ThroughputPoi
     by_point: dict[str, list[float]] = {}
     for a in arms:
         for m in a.measurements:
-            by_point.setdefault(m.label.split("/", 1)[0], []).extend(m.tokens_per_s)
+            by_point.setdefault(m.label.point, []).extend(m.tokens_per_s)
     cold = by_point.get("cold_B", [])
     out = []
     for point, samples in by_point.items():

@@ -18,34 +18,19 @@ from pathlib import Path
 
 from harness import store
 from harness.engine.engines import Engine, build_engine
-from harness.plan import ArmPlan, sabotaged_twin
-from harness.records import (ArmResult, Completions, ConsumedTensor, HookRecord, Measurement, ModelInfo,
-                             Observation, PromptOutput, TensorRecord, UnobservedRecord)
+from harness.plan import ArmPlan, Probe, Refit, Step, sabotaged_twin
+from harness.records import (ArmResult, Completions, ConsumedTensor, Measurement, ModelInfo, Observation,
+                             ObservationLabel, ProbeLabel, PromptOutput, RankCensus, RankRecording, UnobservedRecord)
 from harness.spec import PromptSpec
 
 
-def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
-    per_rank = engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})
-    multi = len(per_rank) > 1
-    tensors = tuple(
-        TensorRecord(
-            name=f"rank{r['rank']}:{t['name']}" if multi else t["name"], kind=t["kind"], dtype=t["dtype"],
-            shape=tuple(t["shape"]), device=t["device"], address=t["address"], digest=t["digest"],
-            nan_count=t["nan_count"], absmax=t["absmax"],
-        )
-        for r in per_rank for t in r["tensors"]
-    )
+def observe(engine: Engine, arm: ArmPlan, label: ObservationLabel) -> Observation:
+    per_rank = [store.from_jsonable(RankCensus, r) for r in
+                engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})]
     first = per_rank[0]
-    model = ModelInfo(
-        architecture=first["architecture"],
-        packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(first["packed_modules_mapping"].items())),
-        world_size=len(per_rank),
-        weight_names=tuple(sorted(first.get("weight_names", {}).items())),
-    )
-    hooks = tuple(HookRecord(module=h["module"], kind=h["kind"], calls=h["calls"], owner=h.get("owner", ""))
-                  for h in first["hooks"])
-    unobserved = [UnobservedRecord(name=f"rank{r['rank']}:{u['name']}" if multi else u["name"], kind=u["kind"],
-                                   reason=u["reason"]) for r in per_rank for u in r.get("unobserved", ())]
+    model = ModelInfo(architecture=first.architecture, packed_modules_mapping=first.packed_modules_mapping,
+                      world_size=len(per_rank), weight_names=first.weight_names)
+    unobserved = [u for r in per_rank for u in r.unobserved]
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
     try:
         consumed, unreadable = record_consumed(engine, arm.prompts)
@@ -53,8 +38,9 @@ def observe(engine: Engine, arm: ArmPlan, label: str) -> Observation:
     except Exception as exc:  # noqa: BLE001 - the recorder is an extra; an op it cannot follow must not end the arm
         consumed = ()
         unobserved.append(UnobservedRecord("<kernel-inputs>", "forward", f"{type(exc).__name__}: {exc}"[:300]))
-    return Observation(label=label, tensors=tensors, consumed=consumed, hooks=hooks,
-                       outputs=decoded(engine.generate(arm.prompts), arm), model=model, unobserved=tuple(unobserved))
+    return Observation(label=label, tensors=tuple(t for r in per_rank for t in r.tensors), consumed=consumed,
+                       hooks=first.hooks, outputs=decoded(engine.generate(arm.prompts), arm), model=model,
+                       unobserved=tuple(unobserved))
 
 
 def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutput, ...]:
@@ -76,17 +62,11 @@ def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[Consumed
     try:
         engine.generate(PromptSpec(token_ids=prompts.token_ids[:1], max_tokens=1, logprobs=1))
     finally:
-        per_rank = engine.rpc("refit_harness_recorder_stop")
-    multi = len(per_rank) > 1
-    consumed = tuple(
-        ConsumedTensor(name=f"rank{r['rank']}:{c['name']}" if multi else c["name"], op_index=c["op_index"],
-                       op=c["op"], arg=c["arg"], module=c["module"], dtype=c["dtype"], shape=tuple(c["shape"]),
-                       address=c["address"], digest=c["digest"])
-        for r in per_rank for c in r["consumed"])
-    return consumed, [why for r in per_rank for why in r.get("unreadable", ())]
+        per_rank = [store.from_jsonable(RankRecording, r) for r in engine.rpc("refit_harness_recorder_stop")]
+    return tuple(c for r in per_rank for c in r.consumed), [why for r in per_rank for why in r.unreadable]
 
 
-def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:
+def measure_throughput(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Measurement:
     """Greedy generation of a batch of the fixed prompts: one untimed warm-up, then timed runs."""
     spec = arm.throughput
     assert spec is not None, "a measure step without a throughput spec"
@@ -102,7 +82,7 @@ def measure_throughput(engine: Engine, arm: ArmPlan, label: str) -> Measurement:
     return Measurement(label=label, batch=spec.batch, output_len=spec.output_len, tokens_per_s=tuple(rates))
 
 
-def measure_accuracy(engine: Engine, arm: ArmPlan, label: str) -> Completions:
+def measure_accuracy(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Completions:
     """Greedy completions of the accuracy prompts, tokenized and decoded here (B's tokenizer,
     or the harness's character-level one), so the parent never needs a tokenizer."""
     from harness.engine.tokenize import load_tokenizer
@@ -178,18 +158,16 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
         for step in arm.steps:
-            print(f"[{arm.name}] {step.action} {step.argument}" + (f" via {step.path}" if step.path else "")
-                  + (" (sabotaged)" if step.sabotaged else ""), flush=True)
-            owner = sabotaged_twin(step.path) if step.sabotaged else step.path
-            segment_path = owner or (step.argument.split("/", 1)[0] if "/" in step.argument else None)
-            current[0] = (segment_path, f"{step.action} {step.argument.rsplit('/', 1)[-1]}")
-            if step.action == "refit":
+            print(f"[{arm.name}] {describe(step)}", flush=True)
+            if isinstance(step, Refit):
+                owner = sabotaged_twin(step.path) if step.sabotaged else step.path
+                current[0] = (owner, f"refit {step.target}")
                 # Say where we are before a step that can hang or kill the engine: if the arm
                 # is killed here, the record charges the failure to this segment, not the earlier ones.
-                save("error", f"arm stopped during {current[0][1]} of {segment_path}")
+                save("error", f"arm stopped during {current[0][1]} of {owner}")
                 path = paths[step.path]
-                restart = (path.sabotaged_refit(engine, step.argument) if step.sabotaged
-                           else path.refit(engine, arm.checkpoints.directory(step.argument), step.argument))
+                restart = (path.sabotaged_refit(engine, step.target) if step.sabotaged
+                           else path.refit(engine, arm.checkpoints.directory(step.target), step.target))
                 if restart is not None:
                     watchdog.set()  # the old engine's processes end on purpose
                     engine.close(wait=True)
@@ -198,16 +176,20 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(arm, result_path.parent,
                                           {"model": restart.model, "load_format": restart.load_format})
                     watchdog = watch_engine_processes(lambda why: save("error", why))
-            elif step.action == "accuracy":
-                completions.append(measure_accuracy(engine, arm, step.argument))
-                save("error", f"arm stopped after the accuracy probe {step.argument!r}")
-            elif step.action == "measure":
-                measurements.append(measure_throughput(engine, arm, step.argument))
-                save("error", f"arm stopped after measuring {step.argument!r}")
+            elif isinstance(step, Probe):
+                label = step.label
+                current[0] = (label.after.path, f"{_PROBE_ACTION[label.probe]} {label.probe}")
+                if label.probe == "accuracy":
+                    completions.append(measure_accuracy(engine, arm, label))
+                    save("error", f"arm stopped after the accuracy probe {str(label)!r}")
+                else:
+                    measurements.append(measure_throughput(engine, arm, label))
+                    save("error", f"arm stopped after measuring {str(label)!r}")
             else:
-                observations.append(observe(engine, arm, step.argument))
+                current[0] = (step.label.path, f"observe {step.label.stage}")
+                observations.append(observe(engine, arm, step.label))
                 # Keep what was measured; if the arm dies later, this file says so.
-                save("error", f"arm stopped after observing {step.argument!r}")
+                save("error", f"arm stopped after observing {str(step.label)!r}")
         current[0] = (None, None)
         return save("ok", None)
     except Exception as exc:  # noqa: BLE001 - an arm's failure is a value
@@ -223,6 +205,18 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
             path.close()
         if engine is not None:
             engine.close()
+
+
+_PROBE_ACTION = {"throughput": "measure", "accuracy": "accuracy"}
+
+
+def describe(step: Step) -> str:
+    """One line of the arm's log per step."""
+    if isinstance(step, Refit):
+        return f"refit {step.target} via {step.path}" + (" (sabotaged)" if step.sabotaged else "")
+    if isinstance(step, Probe):
+        return f"{_PROBE_ACTION[step.label.probe]} {step.label}"
+    return f"observe {step.label}"
 
 
 _UNSUPPORTED = re.compile(r"\b(not supported|unsupported|not implemented)\b", re.IGNORECASE)

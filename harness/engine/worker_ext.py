@@ -4,10 +4,12 @@ name through ``collective_rpc`` and answer once per rank, under any executor."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
+from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
-from harness.worker.census import Unobserved, observe_entry, probe_linear_kernels, walk_model
+from harness.worker.census import observe_entry, probe_linear_kernels, walk_model
 from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
 
@@ -58,33 +60,32 @@ class RefitObserver:
             self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
 
     def refit_harness_census(self, checkpoint_names: list[str] | None = None) -> dict[str, Any]:
-        """The census; ``checkpoint_names`` are also mapped to the model's own names with
-        vLLM's ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``)."""
+        """This rank's ``RankCensus``, as JSON (what every transport carries, ``vllm serve``'s
+        included); ``checkpoint_names`` are also mapped to the model's own names with vLLM's
+        ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``)."""
         model = self.get_model()
+        rank = int(getattr(self, "rank", 0))
         self._refit_harness_watch_hooks(model)
-        records, unobserved = [], []
+        records: list[TensorRecord] = []
+        unobserved: list[UnobservedRecord] = []
         try:
             entries = walk_model(model, self._refit_harness_kv_storages())
         except Exception as exc:  # noqa: BLE001 - the probes and outputs still tell something
             entries = []
-            unobserved.append(Unobserved("<module-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
-        probed: list[Unobserved] = []
-        entries += probe_linear_kernels(model, probed)
-        unobserved += probed
+            unobserved.append(UnobservedRecord("<module-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
+        entries += probe_linear_kernels(model, unobserved)
         for entry in entries:
-            seen = observe_entry(entry)
-            (unobserved if isinstance(seen, Unobserved) else records).append(seen)
+            seen = observe_entry(entry, rank)
+            (unobserved if isinstance(seen, UnobservedRecord) else records).append(seen)
         packed = getattr(model, "packed_modules_mapping", {}) or {}
-        return {
-            "rank": int(getattr(self, "rank", 0)),
-            "tensors": records,
-            "unobserved": [{"name": u.name, "kind": u.kind, "reason": u.reason} for u in unobserved],
-            "architecture": type(model).__name__,
-            "packed_modules_mapping": {k: list(v) for k, v in dict(packed).items()},
-            "hooks": [{"module": m, "kind": k, "calls": n, "owner": self._refit_harness_hook_owners.get((m, k), "")}
-                      for (m, k), n in sorted(self._refit_harness_hook_calls.items())],
-            "weight_names": _vllm_names(model, checkpoint_names or []),
-        }
+        census = RankCensus(
+            rank=rank, tensors=tuple(records), unobserved=tuple(replace(u, rank=rank) for u in unobserved),
+            architecture=type(model).__name__,
+            packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(dict(packed).items())),
+            hooks=tuple(HookRecord(module=m, kind=k, calls=n, owner=self._refit_harness_hook_owners.get((m, k), ""))
+                        for (m, k), n in sorted(self._refit_harness_hook_calls.items())),
+            weight_names=tuple(sorted(_vllm_names(model, checkpoint_names or []).items())))
+        return to_jsonable(census)
 
     # ---- kernel-input recorder -------------------------------------------------------
 
@@ -96,6 +97,7 @@ class RefitObserver:
         self._refit_harness_recorder = recorder
 
     def refit_harness_recorder_stop(self) -> dict[str, Any]:
+        """This rank's ``RankRecording``, as JSON."""
         recorder = self._refit_harness_recorder
         recorder.__exit__(None, None, None)
         recorder.close()
@@ -108,9 +110,10 @@ class RefitObserver:
             if t.device.type != "meta" and t.numel():
                 by_address.setdefault(t.data_ptr(), entry.name)
                 by_storage.setdefault(t.untyped_storage().data_ptr(), entry.name)
-        return {"rank": int(getattr(self, "rank", 0)),
-                "consumed": [to_jsonable(c) for c in name_consumed(recorder.records, by_address, by_storage)],
-                "unreadable": recorder.unreadable[:50]}
+        rank = int(getattr(self, "rank", 0))
+        return to_jsonable(RankRecording(
+            rank=rank, consumed=tuple(name_consumed(recorder.records, by_address, by_storage, rank)),
+            unreadable=tuple(recorder.unreadable[:50])))
 
     # ---- post-load hook census ------------------------------------------------------
 

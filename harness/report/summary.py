@@ -57,7 +57,7 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         "reference": {"key": ev.record.reference_key, "reused": bool(reused)},
         "throughput": throughput,
         "arms": [{"arm": a.arm, "role": a.role, "paths": list(a.paths), "status": a.status, "error": a.error,
-                  "seconds": a.seconds, "observations": [o.label for o in a.observations],
+                  "seconds": a.seconds, "observations": [str(o.label) for o in a.observations],
                   "cold_starts": a.cold_starts, "reused": a.arm in reused} for a in ev.arms],
         "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
                         "B_control": ev.record.checkpoints.b_control,
@@ -94,7 +94,8 @@ def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
     for arm in ev.arms:
         for obs in arm.observations:
             for u in obs.unobserved:
-                item = items.setdefault(u.name, {"name": u.name, "kind": u.kind, "reason": u.reason, "arms": []})
+                name = obs.shown_name(u)
+                item = items.setdefault(name, {"name": name, "kind": u.kind, "reason": u.reason, "arms": []})
                 if arm.arm not in item["arms"]:
                     item["arms"].append(arm.arm)
     return {"count": len(items), "items": list(items.values())}

@@ -69,7 +69,7 @@ def accuracy_table(ev: Evaluation) -> pd.DataFrame:
         for c in a.completions:
             for i, (prompt, answer, text) in enumerate(zip(spec.prompts, spec.answers, c.texts)):
                 given = extract_answer(text)
-                rows.append({"schema_version": SCHEMA_VERSION, "point": c.label.split("/", 1)[0], "arm": a.arm,
+                rows.append({"schema_version": SCHEMA_VERSION, "point": c.label.point, "arm": a.arm,
                              "item": i, "prompt": prompt, "answer": answer, "completion": text, "given": given,
                              "correct": given == answer.strip(), "invalid": not given})
     return pd.DataFrame(rows, columns=ACCURACY_COLUMNS)

@@ -17,6 +17,8 @@ import blake3
 import torch
 from torch import nn
 
+from harness.records import TensorRecord, UnobservedRecord
+
 # Attribute names never walked: torch's own bookkeeping, and per-step state.
 _SKIP_ATTRS = frozenset(
     {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
@@ -205,7 +207,7 @@ PROBE_ROWS = 3
 PROBE_SEED = 20260
 
 
-def probe_linear_kernels(model: nn.Module, unobserved: list[Unobserved] | None = None) -> list[CensusEntry]:
+def probe_linear_kernels(model: nn.Module, unobserved: list[UnobservedRecord] | None = None) -> list[CensusEntry]:
     """Fingerprint what each linear kernel computes, by running it on a fixed input.
 
     Kernels may consume weights no tensor walk can digest: vLLM's CPU backend repacks
@@ -236,35 +238,24 @@ def probe_linear_kernels(model: nn.Module, unobserved: list[Unobserved] | None =
                     raise TypeError(f"quant_method.apply returned {type(out).__name__}, not a tensor")
             except Exception as exc:  # noqa: BLE001 - one unprobeable kernel must not end the census
                 if unobserved is not None:
-                    unobserved.append(Unobserved(name, "kernel", _reason(exc)))
+                    unobserved.append(UnobservedRecord(name, "kernel", _reason(exc)))
                 continue
             entries.append(CensusEntry(name, "kernel", out))
     return entries
-
-
-@dataclass(frozen=True)
-class Unobserved:
-    """A tensor or kernel the census reached but could not observe, and why."""
-
-    name: str
-    kind: str
-    reason: str
 
 
 def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()[:300]
 
 
-def observe_entry(entry: CensusEntry) -> dict | Unobserved:
-    """The record fields of one census entry, or why it cannot be digested."""
+def observe_entry(entry: CensusEntry, rank: int = 0) -> TensorRecord | UnobservedRecord:
+    """The record of one census entry on worker ``rank``, or why it cannot be digested."""
     t = entry.tensor
     try:
         nan_count, absmax = tensor_stats(t)
-        return {
-            "name": entry.name, "kind": entry.kind,
-            "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-            "device": str(t.device), "address": int(t.data_ptr()) if t.device.type != "meta" else 0,
-            "digest": tensor_digest(t), "nan_count": nan_count, "absmax": absmax,
-        }
+        return TensorRecord(
+            name=entry.name, kind=entry.kind, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
+            device=str(t.device), address=int(t.data_ptr()) if t.device.type != "meta" else 0,
+            digest=tensor_digest(t), nan_count=nan_count, absmax=absmax, rank=rank)
     except Exception as exc:  # noqa: BLE001 - e.g. a tensor subclass without storage
-        return Unobserved(entry.name, entry.kind, _reason(exc))
+        return UnobservedRecord(entry.name, entry.kind, _reason(exc), rank=rank)

@@ -125,9 +125,10 @@ def _version(t: torch.Tensor) -> int:
 
 
 def name_consumed(records: list[tuple[int, ConsumedTensor]], census: dict[int, str],
-                  census_by_storage: dict[int, str]) -> list[ConsumedTensor]:
+                  census_by_storage: dict[int, str], rank: int = 0) -> list[ConsumedTensor]:
     """Census name of each recorded tensor (by exact address, then by storage), or
-    ``unregistered@<module>:<op>#<arg>`` with an occurrence count for repeats."""
+    ``unregistered@<module>:<op>#<arg>`` with an occurrence count for repeats; ``rank``: the
+    worker's."""
     seen: dict[str, int] = {}
     named = []
     for storage, r in records:
@@ -136,5 +137,5 @@ def name_consumed(records: list[tuple[int, ConsumedTensor]], census: dict[int, s
             base = f"unregistered@{r.module}:{r.op}#{r.arg}"
             seen[base] = seen.get(base, 0) + 1
             name = base if seen[base] == 1 else f"{base}~{seen[base]}"
-        named.append(replace(r, name=name))
+        named.append(replace(r, name=name, rank=rank))
     return named

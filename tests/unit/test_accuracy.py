@@ -16,6 +16,7 @@ from harness.accuracy import (DIFFERS, NO_POWER, SAME, AccuracyFileError, extrac
 from harness.crossbuild import NO_DIFFERENCE, compare_builds
 from harness.records import ArmResult, Completions
 from harness.spec import AccuracySpec
+from tests.records import probe
 from tests.unit.test_crossbuild import evaluation
 
 ANSWERS = ("5", "7", "9", "11")
@@ -29,17 +30,17 @@ def texts(right: int, invalid: int = 0) -> tuple[str, ...]:
     return tuple(out)
 
 
-def arm(name: str, role: str, label: str, completions: tuple[str, ...]) -> ArmResult:
+def arm(name: str, role: str, point: str, completions: tuple[str, ...]) -> ArmResult:
     return ArmResult(arm=name, role=role, paths=("p",) if role == "subject" else (), status="ok", error=None,
                      observations=(), seconds=1.0,
-                     completions=(Completions(label=label, tokenizer="test", texts=completions),))
+                     completions=(Completions(label=probe("accuracy", point), tokenizer="test", texts=completions),))
 
 
 def arms(cold=4, noise=None, damaged=0, warm=4):
-    return (arm("reference", "reference", "cold_B/accuracy", texts(cold)),
-            arm("noise", "noise", "cold_B/accuracy", texts(cold if noise is None else noise)),
-            arm("damaged", "damaged", "cold_B_damaged/accuracy", texts(damaged)),
-            arm("subject-p", "subject", "p/accuracy", texts(warm)))
+    return (arm("reference", "reference", "cold_B", texts(cold)),
+            arm("noise", "noise", "cold_B", texts(cold if noise is None else noise)),
+            arm("damaged", "damaged", "cold_B_damaged", texts(damaged)),
+            arm("subject-p", "subject", "p", texts(warm)))
 
 
 # --- the file ------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def test_answers_are_the_first_line_and_an_empty_one_is_invalid():
     j = judge_accuracy(arms(cold=3), ANSWERS)
     ref = next(p for p in j.points if p.arm == "reference")
     assert (ref.correct, ref.invalid, ref.total) == (3, 0, 4)
-    j = judge_accuracy((arm("reference", "reference", "cold_B/accuracy", texts(1, invalid=2)),), ANSWERS)
+    j = judge_accuracy((arm("reference", "reference", "cold_B", texts(1, invalid=2)),), ANSWERS)
     assert (j.points[0].correct, j.points[0].invalid, j.points[0].invalid_rate) == (1, 2, 0.5)
 
 
@@ -157,23 +158,25 @@ SPEC = AccuracySpec(file="f.jsonl", prompts=("2+3=", "1+1="), answers=("5", "2")
 def test_plan_measures_cold_b_after_the_first_refit_and_on_a_damaged_b():
     from harness.checkpoints import CheckpointSet
     from harness.requirements import EngineRequirements
-    from harness.plan import PathNeeds, Step, make_plan
+    from harness.plan import Observe, PathNeeds, Probe, make_plan
+    from harness.records import ObservationLabel
     from harness.spec import RunSpec, ThroughputSpec
 
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="t", b_damaged="/d")
     needs = {p: PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A")) for p in ("x", "y")}
     plain = make_plan(RunSpec(model="/a", paths=("x", "y")), cs, needs, {})
     assert [a.role for a in plain.arms] == ["reference", "noise", "subject"]
-    assert not any(s.action == "accuracy" for a in plain.arms for s in a.steps)
+    assert not any(isinstance(s, Probe) for a in plain.arms for s in a.steps)
     plan = make_plan(RunSpec(model="/a", paths=("x", "y"), accuracy=SPEC, throughput=ThroughputSpec()), cs, needs, {})
     ref, noise, subject, damaged = plan.arms
-    assert ref.steps[-1] == Step("accuracy", "cold_B/accuracy") and noise.steps == ref.steps
-    at = subject.steps.index(Step("accuracy", "x/accuracy"))
-    assert subject.steps[at - 2:at] == (Step("observe", "x/warm_B"), Step("measure", "x/throughput"))
-    assert sum(s.action == "accuracy" for s in subject.steps) == 1
+    warm_b = ObservationLabel("warm_B", "x")
+    assert ref.steps[-1] == Probe(probe("accuracy", "cold_B")) and noise.steps == ref.steps
+    at = subject.steps.index(Probe(probe("accuracy", "x")))
+    assert subject.steps[at - 2:at] == (Observe(warm_b), Probe(probe("throughput", "x")))
+    assert sum(isinstance(s, Probe) and s.label.probe == "accuracy" for s in subject.steps) == 1
     assert (damaged.role, damaged.start, damaged.steps) == ("damaged", "B_damaged",
-                                                             (Step("accuracy", "cold_B_damaged/accuracy"),))
-    assert damaged.cold_label == "cold_B_damaged" and cs.directory(damaged.start) == "/d"
+                                                             (Probe(probe("accuracy", "cold_B_damaged")),))
+    assert damaged.cold_label == ObservationLabel("cold_B_damaged") and cs.directory(damaged.start) == "/d"
     assert ref.accuracy.prompts == SPEC.prompts and not hasattr(ref.accuracy, "answers")  # arms never see answers
 
 

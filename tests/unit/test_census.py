@@ -131,10 +131,10 @@ class SSMProjection(nn.Module):
 
 
 def test_a_kernel_that_cannot_be_probed_is_unobserved_and_the_probe_goes_on():
-    from harness.worker.census import Unobserved
+    from harness.records import UnobservedRecord
 
     model = nn.Sequential(SSMProjection(), Hidden())
-    unobserved: list[Unobserved] = []
+    unobserved: list[UnobservedRecord] = []
     entries = probe_linear_kernels(model, unobserved)
     assert [e.name for e in entries] == ["1.<kernel-output>"]  # the layer after it is still probed
     assert len(unobserved) == 1 and unobserved[0].name == "0.<kernel-output>" and unobserved[0].kind == "kernel"
@@ -145,16 +145,18 @@ def test_a_kernel_that_cannot_be_probed_is_unobserved_and_the_probe_goes_on():
 
 
 def test_a_tensor_that_cannot_be_digested_is_unobserved():
-    from harness.worker.census import CensusEntry, Unobserved, observe_entry
+    from harness.records import TensorRecord, UnobservedRecord
+    from harness.worker.census import CensusEntry, observe_entry
 
     class NoStorage(torch.Tensor):
         def data_ptr(self):
             raise RuntimeError("no storage here")
 
-    ok = observe_entry(CensusEntry("w", "parameter", torch.ones(2)))
-    assert isinstance(ok, dict) and ok["digest"] == tensor_digest(torch.ones(2))
-    bad = observe_entry(CensusEntry("odd", "attribute", torch.ones(2).as_subclass(NoStorage)))
-    assert isinstance(bad, Unobserved) and bad.reason == "RuntimeError: no storage here"
+    ok = observe_entry(CensusEntry("w", "parameter", torch.ones(2)), rank=1)
+    assert isinstance(ok, TensorRecord) and ok.digest == tensor_digest(torch.ones(2))
+    assert (ok.name, ok.rank, ok.shape, ok.dtype) == ("w", 1, (2,), "float32")
+    bad = observe_entry(CensusEntry("odd", "attribute", torch.ones(2).as_subclass(NoStorage)), rank=1)
+    assert isinstance(bad, UnobservedRecord) and bad.reason == "RuntimeError: no storage here" and bad.rank == 1
 
 
 def test_checkpoint_names_are_mapped_with_vllms_own_weights_mapper():

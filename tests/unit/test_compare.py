@@ -2,6 +2,7 @@ import math
 
 from harness.compare import (TensorStatus, compare_control, compare_outputs, compare_path, compare_tensors,
                              control_targets)
+from harness.records import ObservationLabel
 from tests.records import A, B, EXPECTED, QWEN_PACKED, arm, obs, output, segment, subject, tensor
 
 
@@ -101,7 +102,7 @@ def test_shared_engine_segments_use_the_state_before_each_segment_as_witness():
     # "norm", which still holds the value it had before p2's segment began.
     p1 = segment("p1", warm_b={**B, "norm": A["norm"]}, warm_b_again={**B, "norm": A["norm"]})
     p2 = segment("p2", warm_b={**B, "norm": "left-by-p1"}, warm_b_again={**B, "norm": "left-by-p1"})
-    p1[-1] = obs("p1/warm_A", {**A, "norm": "left-by-p1"})
+    p1[-1] = obs(ObservationLabel("warm_A", "p1"), {**A, "norm": "left-by-p1"})
     shared = arm("subject-p1+p2", "subject", obs("cold_A", A), *p1, *p2, paths=("p1", "p2"))
     ref = arm("reference", "reference", obs("cold_B", B))
     c1 = compare_path("p1", shared, ref, None, "q_proj.weight", 1e-4, EXPECTED)

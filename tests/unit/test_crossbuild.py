@@ -133,12 +133,13 @@ def test_report_files_are_self_contained_and_escaped(tmp_path):
 def with_throughput(ev, cold, refit):
     """Put throughput samples on a synthetic run: ``cold`` on both cold engines, ``refit`` on the subject."""
     from harness.records import Measurement
+    from tests.records import probe
 
-    def m(label, xs):
-        return (Measurement(label=label, batch=8, output_len=32, tokens_per_s=tuple(xs)),)
+    def m(point, xs):
+        return (Measurement(label=probe("throughput", point), batch=8, output_len=32, tokens_per_s=tuple(xs)),)
 
-    arms = tuple(dataclasses.replace(a, measurements=m("cold_B/throughput", cold) if a.role != "subject"
-                                     else m("p/throughput", refit)) for a in ev.arms)
+    arms = tuple(dataclasses.replace(a, measurements=m("cold_B", cold) if a.role != "subject"
+                                     else m("p", refit)) for a in ev.arms)
     return dataclasses.replace(ev, arms=arms)
 
 

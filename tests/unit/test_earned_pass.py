@@ -108,7 +108,7 @@ TWIN = ("warm_B", "warm_A")
 
 def twin_arm(warm_b, outputs_b=None):
     own = segment("p", drop=())
-    twin = [dataclasses.replace(o, label=o.label.replace("p/", "p~sabotage/"))
+    twin = [dataclasses.replace(o, label=dataclasses.replace(o.label, path="p~sabotage"))
             for o in segment("p", warm_b=warm_b, outputs_b=outputs_b, drop=("warm_B_again", "warm_B_control"))]
     return arm("subject-p", "subject", obs("cold_A", A), *own, *twin, paths=("p",))
 

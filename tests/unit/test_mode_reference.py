@@ -11,7 +11,8 @@ import dataclasses
 
 from harness.checkpoint_set import CheckpointSet
 from harness.compare import compare_path
-from harness.plan import PathNeeds, Step, make_plan, mode_reference_name
+from harness.plan import Observe, PathNeeds, make_plan, mode_reference_name
+from harness.records import ObservationLabel
 from harness.requirements import EngineRequirements
 from harness.spec import EngineSpec, RunSpec
 from tests.records import B, EXPECTED, arm, obs, output, subject
@@ -27,7 +28,7 @@ def test_a_compiled_path_in_an_eager_run_gets_a_compiled_cold_b():
     by_name = {a.name: a for a in plan.arms}
     own = by_name[mode_reference_name("compiled")]
     assert (own.role, own.start, own.steps, own.requirements.mode) == (
-        "mode_reference", "B", (Step("observe", "cold_B"),), "compiled")
+        "mode_reference", "B", (Observe(ObservationLabel("cold_B")),), "compiled")
     assert [a.role for a in plan.arms].count("mode_reference") == 1
     # None when every subject runs in the run's mode, or the run itself is compiled.
     only_eager = make_plan(RunSpec(model="/a", paths=("eager_path",)), CS, needs, {})

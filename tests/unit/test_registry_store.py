@@ -4,9 +4,9 @@ import sys
 import pytest
 
 from harness import store
-from harness.plan import ArmPlan, PathNeeds, make_plan
+from harness.plan import ArmPlan, Observe, PathNeeds, Refit, make_plan
 from harness.checkpoints import CheckpointSet
-from harness.records import ArmResult
+from harness.records import ArmResult, ObservationLabel
 from harness.registry import Registry, UnknownName
 from harness.requirements import EngineRequirements
 from harness.spec import RunSpec
@@ -34,8 +34,8 @@ def test_arm_result_round_trips_through_disk(tmp_path):
     path = store.dump(result, tmp_path / "r.json", "arm_result")
     back = store.load(ArmResult, path, "arm_result")
     assert back.observations[1].tensors == result.observations[1].tensors
-    assert back.observation("p/warm_B").outputs[0].token_ids == (1, 2)
-    lp = back.observation("p/warm_B").outputs[0].logprobs[0][0][1]
+    assert back.observation(ObservationLabel("warm_B", "p")).outputs[0].token_ids == (1, 2)
+    lp = back.observation(ObservationLabel("warm_B", "p")).outputs[0].logprobs[0][0][1]
     assert lp != lp  # NaN survives the round trip
     assert json.loads(path.read_text())["schema_version"] == store.SCHEMA_VERSION
 
@@ -64,10 +64,11 @@ def test_plan_shares_engines_between_paths_with_equal_requirements():
     assert [a.name for a in plan.arms] == ["reference", "noise", "subject-p1+p2", "subject-d"]
     assert [a.start for a in plan.arms] == ["B", "B", "A", "A"]
     assert plan.skipped[0].path == "gpu_only" and "CUDA" in plan.skipped[0].reason
-    labels = [s.argument for s in plan.arms[2].steps if s.action == "observe"]
+    labels = [str(s.label) for s in plan.arms[2].steps if isinstance(s, Observe)]
     assert labels == ["cold_A"] + [f"{p}/{x}" for p in ("p1", "p2")
                                    for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")]
-    assert [s.argument for s in plan.arms[3].steps if s.action == "observe"] == [
+    assert [s.label for s in plan.arms[2].steps if isinstance(s, Observe)][1] == ObservationLabel("warm_B", "p1")
+    assert [str(s.label) for s in plan.arms[3].steps if isinstance(s, Observe)] == [
         "cold_dummy", "d/warm_B", "d/warm_B_control"]
     assert plan.subject_of("p2").name == "subject-p1+p2" and plan.subject_of("gpu_only") is None
     assert make_plan(RunSpec(model="/a", paths=("gpu_only",)), cs, needs, {"gpu_only": "x"}).arms == ()
@@ -79,16 +80,16 @@ def test_sabotaged_twins_run_after_every_real_segment_with_only_their_first_refi
     needs = {"p1": NEEDS, "p2": NEEDS, "d": dummy}
     plan = make_plan(RunSpec(model="/a", paths=("p1", "p2", "d"), sabotage=True), cs, needs, {})
     shared = plan.arms[2].steps
-    labels = [s.argument for s in shared if s.action == "observe"]
+    labels = [str(s.label) for s in shared if isinstance(s, Observe)]
     real = ["cold_A"] + [f"{p}/{x}" for p in ("p1", "p2") for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")]
     assert labels == real + ["p1~sabotage/warm_B", "p1~sabotage/warm_A", "p2~sabotage/warm_B", "p2~sabotage/warm_A"]
-    refits = [(s.path, s.argument, s.sabotaged) for s in shared if s.action == "refit"][-4:]
+    refits = [(s.path, s.target, s.sabotaged) for s in shared if isinstance(s, Refit)][-4:]
     assert refits == [("p1", "B", True), ("p1", "A", False), ("p2", "B", True), ("p2", "A", False)]
-    assert not any(s.sabotaged for s in shared[:2 * len(real) - 1])  # the cold observe has no refit
-    assert [s.argument for s in plan.arms[3].steps if s.action == "observe"] == [
+    assert not any(isinstance(s, Refit) and s.sabotaged for s in shared[:2 * len(real) - 1])  # the cold observe has no refit
+    assert [str(s.label) for s in plan.arms[3].steps if isinstance(s, Observe)] == [
         "cold_dummy", "d/warm_B", "d/warm_B_control", "d~sabotage/warm_B"]
     without = make_plan(RunSpec(model="/a", paths=("p1",)), cs, needs, {})
-    assert not any("~sabotage" in s.argument for s in without.arms[2].steps)
+    assert not any(isinstance(s, Observe) and s.label.path.endswith("~sabotage") for s in without.arms[2].steps[1:])
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -110,24 +111,135 @@ def test_a_record_of_the_wrong_structure_is_a_schema_error_naming_the_field(tmp_
 
 
 def test_an_older_record_is_migrated_one_version_at_a_time(tmp_path, monkeypatch):
-    """Version 2 (pretend) renamed ArmResult's ``arm`` from ``arm_name``: a version-1 record
+    """A next version (pretend) renamed ArmResult's ``arm`` from ``arm_name``: a record
     written with the old name is upgraded by the registered migration, then validated."""
+    now = store.SCHEMA_VERSION
     result = subject()
     path = store.dump(result, tmp_path / "r.json", "arm_result")
     old = json.loads(path.read_text())
     old["data"]["arm_name"] = old["data"].pop("arm")
     path.write_text(json.dumps(old))
 
-    monkeypatch.setattr(store, "SCHEMA_VERSION", 2)
-    with pytest.raises(store.SchemaError, match="no migration from version 1"):
+    monkeypatch.setattr(store, "SCHEMA_VERSION", now + 1)
+    with pytest.raises(store.SchemaError, match=f"no migration from version {now}"):
         store.load(ArmResult, path, "arm_result")
 
     def rename(payload: dict) -> dict:
         data = dict(payload["data"])
         data["arm"] = data.pop("arm_name")
-        return {**payload, "schema_version": 2, "data": data}
+        return {**payload, "schema_version": now + 1, "data": data}
 
-    monkeypatch.setitem(store.MIGRATIONS, 1, rename)
+    monkeypatch.setitem(store.MIGRATIONS, now, rename)
     assert store.load(ArmResult, path, "arm_result") == result
     with pytest.raises(ValueError, match="already registered"):
-        store.migration(1)(rename)
+        store.migration(now)(rename)
+
+
+def _old_label(label: dict) -> str:
+    """A label as versions 1 and 2 wrote it: ``<path>/<stage>``, ``<point>/<probe>``."""
+    if "probe" in label:
+        after = label["after"]
+        return f"{after['path'] or after['stage']}/{label['probe']}"
+    return f"{label['path']}/{label['stage']}" if label["path"] else label["stage"]
+
+
+def _old_step(step: dict) -> dict:
+    """A step as versions 1 and 2 wrote it: an action and an argument that is a label or a checkpoint key."""
+    if "target" in step:
+        return {"action": "refit", "argument": step["target"], "path": step["path"], "sabotaged": step["sabotaged"]}
+    if "probe" in step["label"]:
+        action = "measure" if step["label"]["probe"] == "throughput" else "accuracy"
+        return {"action": action, "argument": _old_label(step["label"]), "path": None, "sabotaged": False}
+    return {"action": "observe", "argument": _old_label(step["label"]), "path": None, "sabotaged": False}
+
+
+def _as_version(path, version: int):
+    """Rewrite a record file as an older harness wrote it: string labels and steps (versions 1 and 2),
+    and multi-rank names prefixed ``rank<N>:``, with no ``rank`` field (version 1)."""
+    payload = json.loads(path.read_text())
+    payload["schema_version"] = version
+    data = payload["data"]
+    for plan in [data] if payload["kind"] == "arm_plan" else data["plan"]["arms"] if payload["kind"] == "run_record" else []:
+        plan["steps"] = [_old_step(s) for s in plan["steps"]]
+    for field in ("observations", "measurements", "completions") if payload["kind"] == "arm_result" else ():
+        for r in data[field]:
+            r["label"] = _old_label(r["label"])
+    for o in data.get("observations", ()) if version == 1 else ():
+        for field in ("tensors", "consumed", "unobserved"):
+            for r in o[field]:
+                rank = r.pop("rank")
+                if o["model"]["world_size"] > 1 and rank is not None:
+                    r["name"] = f"rank{rank}:{r['name']}"
+    path.write_text(json.dumps(payload))
+
+
+def test_a_version_1_record_with_rank_prefixed_names_loads_with_rank_fields(tmp_path):
+    """Version 1 wrote a TP=2 observation's ranks as ``rank<N>:`` name prefixes; version 2 has
+    a ``rank`` field. A version-1 arm on disk (a run to resume, a cached reference) still loads,
+    and compares exactly as a version-2 record of the same observation."""
+    import dataclasses
+
+    from harness.compare import compare_tensors
+    from harness.records import ConsumedTensor, UnobservedRecord
+    from tests.records import obs, tensor
+
+    consumed = ConsumedTensor(name="model.norm.weight", op_index=3, op="aten.mul.Tensor", arg=1, module="model.norm",
+                              dtype="float32", shape=(4,), address=7, digest="d", rank=1)
+    unobserved = (UnobservedRecord("x.<kernel-output>", "kernel", "why", rank=0),
+                  UnobservedRecord("<kernel-input>", "forward", "arm-level"))
+    tp2 = dataclasses.replace(obs("cold_B", [tensor("model.norm.weight", f"d{r}", rank=r) for r in (0, 1)],
+                                  world_size=2), consumed=(consumed,), unobserved=unobserved)
+    tp1 = obs("cold_A", {"rank9:odd.name": "z"})  # one rank: a name that looks prefixed is left alone
+    result = dataclasses.replace(subject(), observations=(tp1, tp2))
+    path = store.dump(result, tmp_path / "r.json", "arm_result")
+    _as_version(path, 1)
+    assert json.loads(path.read_text())["data"]["observations"][1]["tensors"][1]["name"] == "rank1:model.norm.weight"
+
+    back = store.load(ArmResult, path, "arm_result")
+    assert back.observations[1].tensors == tp2.tensors
+    assert back.observations[1].consumed == (consumed,)
+    assert back.observations[1].unobserved == unobserved
+    assert back.observations[0].tensors[0].name == "rank9:odd.name" and back.observations[0].tensors[0].rank == 0
+    assert [d.tensor for d in compare_tensors("noise", back.observations[1], tp2)] == [
+        "rank0:model.norm.weight", "rank1:model.norm.weight"]
+
+
+def test_version_2_plans_and_results_with_string_labels_and_steps_load_typed(tmp_path):
+    """Versions 1 and 2 wrote labels as ``<path>/<stage>`` strings and steps as an action plus an
+    argument (a label or a checkpoint key); the migration to version 3 gives back exactly what
+    this planner makes, probes included, and an arm's labels as typed values."""
+    import dataclasses
+
+    from harness.evaluation import RunRecord
+    from harness.records import Completions, Measurement
+    from harness.spec import AccuracySpec, ThroughputSpec
+    from tests.records import probe
+
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight", b_damaged="/d")
+    dummy = PathNeeds(EngineRequirements(load_format="dummy"), ("B", "B_control"), ("B",))
+    spec = RunSpec(model="/a", paths=("p1", "d"), sabotage=True, throughput=ThroughputSpec(),
+                   accuracy=AccuracySpec(file="f", prompts=("q",), answers=("a",)))
+    plan = make_plan(spec, cs, {"p1": NEEDS, "d": dummy}, {})
+    assert {type(s).__name__ for a in plan.arms for s in a.steps} == {"Observe", "Refit", "Probe"}
+    for arm in plan.arms:
+        path = store.dump(arm, tmp_path / f"{arm.name}.json", "arm_plan")
+        _as_version(path, 2)
+        assert json.loads(path.read_text())["data"]["steps"][0]["action"] in ("observe", "accuracy")
+        assert store.load(ArmPlan, path, "arm_plan") == arm
+    record = RunRecord(spec=spec, checkpoints=cs, plan=plan, git_sha="x", started="now")
+    path = store.dump(record, tmp_path / "run.json", "run_record")
+    _as_version(path, 2)
+    assert store.load(RunRecord, path, "run_record") == record
+
+    result = dataclasses.replace(
+        subject(), measurements=(Measurement(probe("throughput", "cold_B"), 8, 32, (1.0,)),
+                                 Measurement(probe("throughput", "p"), 8, 32, (1.0,))),
+        completions=(Completions(probe("accuracy", "cold_B_damaged"), "t", ("x",)),))
+    path = store.dump(result, tmp_path / "r.json", "arm_result")
+    _as_version(path, 2)
+    old = json.loads(path.read_text())["data"]
+    assert [o["label"] for o in old["observations"]][:2] == ["cold_A", "p/warm_B"]
+    assert [m["label"] for m in old["measurements"]] == ["cold_B/throughput", "p/throughput"]
+    back = store.load(ArmResult, path, "arm_result")
+    assert back == result
+    assert back.observation(ObservationLabel("warm_B", "p")) is back.observations[1]

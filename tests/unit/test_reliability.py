@@ -287,7 +287,7 @@ def test_hostile_labels_tensor_names_and_errors_are_inert_in_every_report(tmp_pa
     stale = tmp_path / "cell" / "arms" / "subject-reload_weights.result.json"
     payload = json.loads(stale.read_text())
     for o in payload["data"]["observations"]:
-        if o["label"] == "reload_weights/warm_B":
+        if o["label"] == {"stage": "warm_B", "path": "reload_weights"}:
             for t in o["tensors"]:
                 if t["name"] == HOSTILE_TENSOR:
                     t["digest"] = "a-n"  # still A's value

@@ -6,7 +6,7 @@ from harness.report.matrix import matrix_summary
 from harness.scenario import ModelRef, ScenarioSpec, expand
 from harness.spec import PerturbSpec
 from harness.verdict import Verdict, VerdictStatus
-from tests.records import obs
+from tests.records import obs, tensor
 
 MATRIX = ScenarioSpec(name="m", description="", models=(ModelRef("tiny", builder="tiny-qwen3"), ModelRef("big", path="/m")),
                       paths=("reload_weights", "transfer_gloo"), modes=("eager", "compiled"), tp_sizes=(1, 2))
@@ -63,17 +63,22 @@ def test_xfail_keeps_the_run_green_and_xpass_fails_it():
 def test_per_rank_observations_localize_a_bug_to_one_rank():
     # TP=2: a replicated norm reloaded with the wrong rank's slice on rank 1 only (vLLM #48025).
     names = ("model.norm.weight", "model.layers.0.self_attn.qkv_proj.<kernel-output>")
-    cold_a = obs("cold_A", {f"rank{r}:{n}": f"a{r}{i}" for r in (0, 1) for i, n in enumerate(names)})
-    cold_b = obs("cold_B", {f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)})
-    warm = obs("warm_B", {**{f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)},
-                          "rank1:model.norm.weight": "a10"})
+
+    def tp2(label, prefix, changed=None):
+        digests = {(r, n): f"{prefix}{r}{i}" for r in (0, 1) for i, n in enumerate(names)} | (changed or {})
+        return obs(label, [tensor(n, d, rank=r) for (r, n), d in digests.items()], world_size=2)
+
+    cold_a, cold_b = tp2("cold_A", "a"), tp2("cold_B", "b")
+    warm = tp2("warm_B", "b", {(1, "model.norm.weight"): "a10"})
     diffs = {d.tensor: d.status for d in compare_tensors("refit", warm, cold_b, witness=cold_a)}
     assert diffs["rank1:model.norm.weight"] is TensorStatus.STALE
     assert {n for n, s in diffs.items() if s is not TensorStatus.OK} == {"rank1:model.norm.weight"}
-    control = obs("warm_B_control", {**{f"rank{r}:{n}": f"b{r}{i}" for r in (0, 1) for i, n in enumerate(names)},
-                                     "rank0:model.layers.0.self_attn.qkv_proj.<kernel-output>": "scaled"})
+    control = tp2("warm_B_control", "b", {(0, "model.layers.0.self_attn.qkv_proj.<kernel-output>"): "scaled"})
     outcome = compare_control("model.layers.0.self_attn.q_proj.weight", control, cold_b, 1e-4)
     assert outcome.localized == ("rank0:model.layers.0.self_attn.qkv_proj.<kernel-output>",)
+    # One rank alone: the same names, unprefixed (what a TP=1 report shows).
+    single = obs("warm_B", {"model.norm.weight": "x"})
+    assert [d.tensor for d in compare_tensors("refit", single, single)] == ["model.norm.weight"]
 
 
 def test_model_is_a_directory_or_a_hub_id_fetched_through_huggingface_hub(tmp_path, monkeypatch):
@@ -107,16 +112,19 @@ def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):
 def test_throughput_probe_steps_come_after_cold_b_and_after_the_first_refit_to_b():
     from harness.checkpoints import CheckpointSet
     from harness.requirements import EngineRequirements
-    from harness.plan import PathNeeds, Step, make_plan
+    from harness.plan import Observe, PathNeeds, Probe, make_plan
+    from harness.records import ObservationLabel, ProbeLabel
     from harness.spec import RunSpec, ThroughputSpec
 
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="t")
     needs = {p: PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A")) for p in ("x", "y")}
     plain = make_plan(RunSpec(model="/a", paths=("x", "y")), cs, needs, {})
-    assert not any(s.action == "measure" for a in plain.arms for s in a.steps)
+    assert not any(isinstance(s, Probe) for a in plain.arms for s in a.steps)
     plan = make_plan(RunSpec(model="/a", paths=("x", "y"), throughput=ThroughputSpec()), cs, needs, {})
     ref, noise, subject = plan.arms
-    assert ref.steps[-1] == Step("measure", "cold_B/throughput") and noise.steps == ref.steps
-    at = subject.steps.index(Step("measure", "x/throughput"))
-    assert subject.steps[at - 1] == Step("observe", "x/warm_B")
-    assert sum(s.action == "measure" for s in subject.steps) == 1
+    cold_b, warm_b = ObservationLabel("cold_B"), ObservationLabel("warm_B", "x")
+    assert ref.steps[-1] == Probe(ProbeLabel("throughput", cold_b)) and noise.steps == ref.steps
+    assert str(ref.steps[-1].label) == "cold_B/throughput"
+    at = subject.steps.index(Probe(ProbeLabel("throughput", warm_b)))
+    assert subject.steps[at - 1] == Observe(warm_b) and str(subject.steps[at].label) == "x/throughput"
+    assert sum(isinstance(s, Probe) for s in subject.steps) == 1
