@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from harness import store
-from harness.engine.engines import Engine, build_engine
+from harness.engine.engines import DeclinedByVllm, Engine, build_engine
 from harness.plan import ArmPlan, Probe, Refit, Step, sabotaged_twin
 from harness.records import (ArmResult, Completions, ConsumedTensor, Measurement, ModelInfo, Observation,
                              ObservationLabel, ProbeLabel, PromptOutput, RankCensus, RankRecording, UnobservedRecord)
@@ -230,6 +230,8 @@ def refused_by_vllm(exc: BaseException) -> bool:
     frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
     fixture model) stays an error. With ``--engine-core-process`` the client only sees
     "Engine core initialization failed", which is not a refusal either."""
+    if isinstance(exc, DeclinedByVllm):
+        return True
     if not isinstance(exc, (ValueError, NotImplementedError, RuntimeError)) or not _UNSUPPORTED.search(str(exc)):
         return False
     import vllm

@@ -98,11 +98,28 @@ class Engine(ABC):
         Otherwise the arm's process group is killed right after, which is faster."""
 
 
+class DeclinedByVllm(RuntimeError):
+    """vLLM built the engine but turned off what the path needs; the path is SKIPPED with this."""
+
+
+def check_granted(arm: ArmPlan, vllm_config) -> None:
+    """Raise ``DeclinedByVllm`` when vLLM silently turned off a feature the path asked for.
+    Measured: vLLM 0.32 on CPU disables prefix caching for every MLA model (it logs "MLA is
+    enabled on a non-GPU platform; forcing chunked prefill and prefix caching to be
+    disabled"), so the prefix-cache path could never see a cache hit."""
+    if arm.requirements.enable_prefix_caching and not vllm_config.cache_config.enable_prefix_caching:
+        why = (" (vLLM: \"MLA is enabled on a non-GPU platform; forcing chunked prefill and prefix caching to be "
+               "disabled\")" if vllm_config.model_config.use_mla else "; vLLM's reason is in the arm log")
+        raise DeclinedByVllm(f"prefix caching is not supported here: vLLM turned it off although the path asked "
+                             f"for it{why}")
+
+
 class LocalEngine(Engine):
     def __init__(self, arm: ArmPlan, overrides: dict[str, Any] | None = None) -> None:
         from vllm import LLM
 
         self.llm = LLM(**_llm_kwargs(arm, overrides))
+        check_granted(arm, self.llm.llm_engine.vllm_config)
 
     def rpc(self, method, kwargs=None):
         return self.llm.collective_rpc(method, kwargs=kwargs or {})
