@@ -107,11 +107,27 @@ def check_granted(arm: ArmPlan, vllm_config) -> None:
     Measured: vLLM 0.32 on CPU disables prefix caching for every MLA model (it logs "MLA is
     enabled on a non-GPU platform; forcing chunked prefill and prefix caching to be
     disabled"), so the prefix-cache path could never see a cache hit."""
-    if arm.requirements.enable_prefix_caching and not vllm_config.cache_config.enable_prefix_caching:
+    if not arm.requirements.enable_prefix_caching:
+        return
+    cache = vllm_config.cache_config
+    if not cache.enable_prefix_caching:
         why = (" (vLLM: \"MLA is enabled on a non-GPU platform; forcing chunked prefill and prefix caching to be "
                "disabled\")" if vllm_config.model_config.use_mla else "; vLLM's reason is in the arm log")
         raise DeclinedByVllm(f"prefix caching is not supported here: vLLM turned it off although the path asked "
                              f"for it{why}")
+    if getattr(cache, "mamba_cache_mode", "none") == "align" and _cpu_vllm_032():
+        # Not vLLM's own refusal: measured. The first generate never returned in an arm (the
+        # scheduler stepped for 15 minutes), and raised IndexError in mamba_mixer2 standalone.
+        raise DeclinedByVllm("prefix caching with Mamba layers ('align' cache mode) cannot generate on vLLM 0.32's "
+                             "CPU backend (measured: the first generate hangs, or raises IndexError in mamba_mixer2; "
+                             "repro/mamba_prefix_caching_hangs_on_cpu.py), so the harness does not start it")
+
+
+def _cpu_vllm_032() -> bool:
+    import vllm
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu() and vllm.__version__.startswith("0.32")
 
 
 class LocalEngine(Engine):
