@@ -53,9 +53,15 @@ class RefitObserver:
         # the experts) is saved under the lexically smaller one (``mlp.experts.gate.weight``),
         # which deduplicated ``named_parameters()`` does not list; filtering on it left the router
         # STALE, a harness-made FAIL.
-        params = {name for name, _ in self.get_model().named_parameters(remove_duplicate=False)}
+        model = self.get_model()
+        params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        # The saved state has the model's own names; a left-out checkpoint name is left out under
+        # the name vLLM's weights mapper gives it (NemotronH: backbone.* is model.*), or the
+        # sabotaged twin would leave nothing out and could not fail.
+        exclude = list(exclude or ())
+        exclude += list(_vllm_names(model, exclude).values())
         own = self._refit_harness_rank_dir(directory)
-        tensors = list(safetensors_files.tensors(safetensors_files.files(own), exclude=exclude or (), only=params))
+        tensors = list(safetensors_files.tensors(safetensors_files.files(own), exclude=exclude, only=params))
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
 

@@ -171,6 +171,9 @@ def test_moe_reload_issue_covers_every_measured_reload_path_and_the_deepseek_sav
         k = PATHS.get(path).known_issue("cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16")
         assert k is not None and k.tensor_pattern == r"\.experts\.", path
     assert PATHS.get("sharded_state").known_issue("cpu (x86_64)", "0.32.0", "MixtralForCausalLM", "bfloat16") is None
+    granite = PATHS.get("reload_kernel_format").known_issue("cpu (x86_64)", "0.32.0", "GraniteMoeHybridForCausalLM",
+                                                           "bfloat16")
+    assert granite is not None and granite.tensor_pattern == r"\.experts\."  # measured: its experts, nothing else
     save = PATHS.get("sharded_state").known_issue("cpu (x86_64)", "0.32.0", "DeepseekV2ForCausalLM", "bfloat16")
     assert save is not None and save.error_contains and "save_sharded_state" in save.title
     crash = PathComparison(path="sharded_state", tensors=(), tokens=(), control=None, missing_observations=(), errors=(
