@@ -30,10 +30,11 @@ def zoo(run_oracle):
     # And the compiled path on Llama, sharing that group's cold-B arms (see the bf16 test below),
     # and the kernel-format reload on Qwen3-MoE (its router is one module under two names).
     # And the prefix-cache path on DeepSeek-V2 (MLA), which vLLM's CPU backend turns off, and on
-    # Mamba2, which it cannot generate with (a measured hang the harness does not start).
+    # Mamba2, which it cannot generate with (a measured hang the harness does not start); and the
+    # kernel-format reload on NemotronH, whose checkpoint names are not the model's.
     return run_oracle("zoo-reload", "-s", "zoo", *only, "--only", "compiled[llama-*",
                       "--only", "reload_kernel_format[qwen3-moe-*", "--only", "prefix_cache[deepseek-v2-*",
-                      "--only", "prefix_cache[mamba2-*")
+                      "--only", "prefix_cache[mamba2-*", "--only", "reload_kernel_format[nemotron-h-*")
 
 
 def grid(run) -> dict:
@@ -141,3 +142,13 @@ def test_a_feature_vllm_turns_off_skips_the_path_with_vllms_reason(zoo):
     assert grid(zoo)[group("mamba2")]["prefix_cache"] == "SKIPPED"  # not 15 minutes of a hung generate
     reasons = cell(zoo, "mamba2")["paths"]["prefix_cache"]["reasons"]
     assert any("Mamba layers" in r and "repro/mamba_prefix_caching_hangs_on_cpu.py" in r for r in reasons), reasons
+
+
+def test_a_kernel_format_sabotage_leaves_the_control_out_under_the_models_own_name(zoo):
+    """NemotronH's checkpoint says ``backbone.*`` where the model (and its saved kernel state)
+    says ``model.*``. The sabotaged kernel-format feed left out the checkpoint name, so it left
+    out nothing: the twin could not fail and the path was INCONCLUSIVE. Now the twin is caught
+    on the mapped control and the path PASSes."""
+    path = cell(zoo, "nemotron-h")["paths"]["reload_kernel_format"]
+    assert grid(zoo)[group("nemotron-h")]["reload_kernel_format"] == "PASS", path["reasons"]
+    assert path["sabotage"]["caught"] and path["sabotage"]["planted"] == "model.layers.0.norm.weight", path["sabotage"]
