@@ -339,7 +339,7 @@ def evaluate(out: Path) -> Evaluation:
         c = compared(path)
         comparisons.append(c)
         verdict = judge(c, record.spec.judge, fail_on_rebound,
-                        known=cls.known_issue(device, env.get("vllm"), architecture, record.spec.engine.dtype),
+                        known=cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype),
                         require_cache_hits=cls.needs_cache_hits)
         if record.spec.sabotage:
             twin = compared(sabotaged_twin(path))

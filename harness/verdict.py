@@ -74,11 +74,14 @@ def rebound_fails(policy: JudgePolicy, mode: Mode, device: str) -> bool:
     return policy.rebound == "fail"
 
 
-def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool, known: KnownIssue | None = None,
+def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool,
+          known: KnownIssue | tuple[KnownIssue, ...] | None = None,
           require_cache_hits: bool = False) -> Verdict:
-    """``known``: the path's known issue on the device the subject ran on, if any.
+    """``known``: the path's known issue(s) on the device the subject ran on, if any; a failure
+    is XFAIL when every failing tensor is explained by one of them.
     ``require_cache_hits``: the path proves something only if the prefix cache served
     tokens after its refit; without hits it FAILs."""
+    knowns = () if known is None else (known,) if isinstance(known, KnownIssue) else tuple(known)
     # A moved address matters only for what a kernel reads; when the forward was recorded,
     # REBOUND counts only for consumed tensors (vLLM rebuilds some CPU-side scalars no op reads).
     consumed = {d.tensor for d in c.consumed}
@@ -135,9 +138,9 @@ def judge(c: PathComparison, policy: JudgePolicy, fail_on_rebound: bool, known: 
     elif control_reasons or evidence_reasons:
         status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + evidence_reasons + reasons
     else:
-        return _against_known(Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True), known, False)
-    explained = known is not None and _explains(known, c, status, bad, kernel_bad)
-    return _against_known(Verdict(c.path, status, tuple(reasons), first, first_kernel, detected), known, explained)
+        return _against_known(Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True), knowns, ())
+    explaining = _explaining(knowns, c, status, bad, kernel_bad)
+    return _against_known(Verdict(c.path, status, tuple(reasons), first, first_kernel, detected), knowns, explaining)
 
 
 def _evidence_reasons(c: PathComparison) -> list[str]:
@@ -196,31 +199,47 @@ def with_sabotage(v: Verdict, outcome: SabotageOutcome | None) -> Verdict:
     return replace(v, sabotage=outcome)
 
 
+def _explaining(knowns: tuple[KnownIssue, ...], c: PathComparison, status: VerdictStatus, bad: list[TensorDiff],
+                kernel_bad: list) -> tuple[KnownIssue, ...]:
+    """The known issues that together explain this failure, or () when they do not. An error
+    is explained by its text; a failure when every failing tensor and kernel input is of a kind,
+    and matches the name pattern, of one of them (tokens that diverge because of them come with it)."""
+    if status is VerdictStatus.ERROR:
+        return tuple(k for k in knowns if k.error_contains and any(k.error_contains in e for e in c.errors))[:1]
+    if not bad:
+        return ()
+    kinds = {d.tensor: d.kind for d in c.tensors}
+
+    def covering(name: str, kind: str | None) -> KnownIssue | None:
+        return next((k for k in knowns if kind in k.tensor_kinds
+                     and (k.tensor_pattern is None or re.search(k.tensor_pattern, name))), None)
+
+    used = [covering(d.tensor, d.kind) for d in bad] + [covering(d.tensor, kinds.get(d.tensor)) for d in kernel_bad]
+    if any(k is None for k in used):
+        return ()
+    return tuple(k for k in knowns if k in used)
+
+
 def _explains(known: KnownIssue, c: PathComparison, status: VerdictStatus, bad: list[TensorDiff],
               kernel_bad: list) -> bool:
-    """An error by its text; a failure when every failing tensor and kernel input is of a
-    kind the issue names (tokens that diverge because of them come with it)."""
-    if status is VerdictStatus.ERROR:
-        return bool(known.error_contains) and any(known.error_contains in e for e in c.errors)
-    kinds = {d.tensor: d.kind for d in c.tensors}
-    named = re.compile(known.tensor_pattern) if known.tensor_pattern else None
-    return (bool(bad) and all(d.kind in known.tensor_kinds for d in bad)
-            and all(kinds.get(d.tensor) in known.tensor_kinds for d in kernel_bad)
-            and (named is None or all(named.search(d.tensor) for d in [*bad, *kernel_bad])))
+    """Whether this one known issue explains the failure on its own."""
+    return bool(_explaining((known,), c, status, bad, kernel_bad))
 
 
-def _against_known(v: Verdict, known: KnownIssue | None, explained: bool) -> Verdict:
-    """XFAIL when the failure lies wholly inside the known issue; XPASS when it has gone."""
-    if known is None:
+def _against_known(v: Verdict, knowns: tuple[KnownIssue, ...], explaining: tuple[KnownIssue, ...]) -> Verdict:
+    """XFAIL when the failure lies wholly inside the known issues; XPASS when they have gone."""
+    if not knowns:
         return v
     if v.status is VerdictStatus.PASS:
-        gone = f"known issue on {known.device} did not reproduce, so the expectation is out of date: {known.reason}"
+        gone = (f"known issue on {knowns[0].device} did not reproduce, so the expectation is out of date: "
+                + " / ".join(k.reason for k in knowns))
         return replace(v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons))
-    if explained and v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
-        return replace(v, status=VerdictStatus.XFAIL, reasons=(f"known issue on {known.device}: {known.reason}",)
-                       + v.reasons)
+    if explaining and v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
+        return replace(v, status=VerdictStatus.XFAIL,
+                       reasons=tuple(f"known issue on {k.device}: {k.reason}" for k in explaining) + v.reasons)
     if v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
-        beyond = f"beyond this path's known issue on {known.device} ({known.reason})"
+        beyond = (f"beyond this path's known issue on {knowns[0].device} ("
+                  + " / ".join(k.reason for k in knowns) + ")")
         return replace(v, reasons=(*v.reasons, beyond))
     return v
 

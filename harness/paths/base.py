@@ -96,12 +96,18 @@ class ReloadPath:
         """The known issue expected for a subject of this path on an arm's recorded device
         (``cpu (x86_64)``, a GPU's name...), vLLM version, model class and dtype: an architecture's
         issue (``harness.known_issues``) first, then the path's own."""
+        return next(iter(cls.known_issues_for(device, vllm_version, architecture, dtype)), None)
+
+    @classmethod
+    def known_issues_for(cls, device: str, vllm_version: str | None = None, architecture: str | None = None,
+                         dtype: str | None = None) -> tuple[KnownIssue, ...]:
+        """Every known issue expected for such a subject, an architecture's first: a cell can
+        hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format reload)."""
         from harness.known_issues import KNOWN_ISSUES
 
         specific = [k for k in KNOWN_ISSUES if k.architectures]
         general = list(cls.known_issues) + [k for k in KNOWN_ISSUES if not k.architectures]
-        return next((k for k in specific + general if k.applies(cls.name, device, vllm_version, architecture, dtype)),
-                    None)
+        return tuple(k for k in specific + general if k.applies(cls.name, device, vllm_version, architecture, dtype))
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:
         """Update ``engine`` to ``target``; return an ``EngineRestart`` to be given a new engine."""

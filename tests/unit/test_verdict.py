@@ -120,6 +120,21 @@ def test_failure_beyond_the_known_issue_stays_fail():
     assert "beyond this path's known issue" in v.reasons[-1]
 
 
+def test_a_failure_two_known_issues_explain_together_is_xfail_naming_both():
+    """Measured: Qwen3-MoE's kernel-format reload in fp32 has CORRUPT experts (the MoE issue)
+    and stale oneDNN kernels (the path's own issue); neither explains the cell alone."""
+    experts = KnownIssue(device="cpu", reason="experts corrupted", tensor_kinds=("parameter",), tensor_pattern="norm")
+    both = stale(**{"qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"], "norm": A["norm"]})
+    assert known_verdict(both, KNOWN_STALE_KERNELS).status is VerdictStatus.FAIL
+    assert known_verdict(both, experts).status is VerdictStatus.FAIL
+    v = known_verdict(both, (experts, KNOWN_STALE_KERNELS))
+    assert v.status is VerdictStatus.XFAIL
+    assert v.reasons[:2] == ("known issue on cpu: experts corrupted", "known issue on cpu: kernels keep old weights")
+    # Only what one of them names: a stale tensor neither covers keeps the FAIL.
+    other = stale(**{"qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"], "norm": A["norm"], "w": A["w"]})
+    assert known_verdict(other, (experts, KNOWN_STALE_KERNELS)).status is VerdictStatus.FAIL
+
+
 def test_token_divergence_alone_is_not_explained_by_a_tensor_scoped_issue():
     v = known_verdict(stale(), KNOWN_STALE_KERNELS)
     assert v.status is VerdictStatus.FAIL
