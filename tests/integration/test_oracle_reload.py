@@ -113,7 +113,8 @@ def test_sharded_state_round_trip_is_refused_on_cpu_with_vllms_root_cause(stock)
     arm = next(a for a in stock.summary["arms"] if a["paths"] == ["sharded_state"])
     assert arm["status"] == "error"
     subject = json_arm(stock.out / "arms" / f"{arm['arm']}.result.json")
-    assert [o["label"] for o in subject["observations"]] == ["cold_A"]  # what was measured is kept
+    # What was measured is kept (labels are typed: stage, and the path after a refit).
+    assert [o["label"] for o in subject["observations"]] == [{"stage": "cold_A", "path": None}]
 
 
 def test_stock_kernel_inputs_match_and_the_recorder_agrees_between_cold_starts(stock):
