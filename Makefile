@@ -11,7 +11,7 @@ RUN_ARGS ?= -s default
 PYTEST_ARGS ?=
 BENCH ?=
 
-.PHONY: setup run test bench browser clean
+.PHONY: setup run test check lint bench browser clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -34,10 +34,18 @@ browser:
 run: setup
 	$(VENV)/bin/refit-harness run $(RUN_ARGS)
 
-# The import contracts (pyproject.toml, [tool.importlinter]) first: they take seconds.
-test: setup browser
+# Lint, format and the import contracts (pyproject.toml) first: they take seconds.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+
+test: lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The developers' fast loop: lint, contracts and the engine-free tests (no vLLM engine starts).
+check: lint
+	$(PY) -m pytest tests/unit -q -x $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH)

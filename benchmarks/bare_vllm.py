@@ -17,8 +17,9 @@ import subprocess
 import sys
 import time
 
-from harness.checkpoints import vocab_size
-from harness.spec import EngineSpec, PromptSpec, shared_prefix_prompts
+from harness.checkpoints.read import vocab_size
+from harness.spec.prompts import shared_prefix_prompts
+from harness.spec.run import EngineSpec, PromptSpec
 
 SUBJECT_TARGETS = ("B", "B", "B_control", "A")  # ReloadPath.refit_targets
 
@@ -28,10 +29,18 @@ def one(role: str, dirs: dict[str, str]) -> None:
 
     e, prompts = EngineSpec(), PromptSpec()
     token_ids = shared_prefix_prompts(vocab_size(dirs["A"]) or 256)  # the harness's default prompts
-    llm = LLM(model=dirs["A" if role == "subject" else "B"], skip_tokenizer_init=True, dtype=e.dtype,
-              enforce_eager=True, kv_cache_memory_bytes=e.kv_cache_memory_bytes, max_model_len=e.max_model_len,
-              max_num_seqs=e.max_num_seqs, seed=e.seed, tensor_parallel_size=e.tensor_parallel_size,
-              enable_prefix_caching=False)
+    llm = LLM(
+        model=dirs["A" if role == "subject" else "B"],
+        skip_tokenizer_init=True,
+        dtype=e.dtype,
+        enforce_eager=True,
+        kv_cache_memory_bytes=e.kv_cache_memory_bytes,
+        max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        seed=e.seed,
+        tensor_parallel_size=e.tensor_parallel_size,
+        enable_prefix_caching=False,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=prompts.max_tokens, detokenize=False, logprobs=prompts.logprobs)
     batch = [{"prompt_token_ids": list(p)} for p in token_ids]
     llm.generate(batch, params, use_tqdm=False)
@@ -50,9 +59,12 @@ def run_all(dirs: dict[str, str], env: dict[str, str]) -> float:
     layout = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if EngineSpec().engine_core_process else "0"}
 
     def launch(role: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "benchmarks.bare_vllm", "--one", role, *args],
-                                env={**os.environ, **env, **layout}, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.bare_vllm", "--one", role, *args],
+            env={**os.environ, **env, **layout},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     running = [launch("subject"), launch("reference")]
     waiting = ["noise"]

@@ -41,6 +41,7 @@ Row = tuple[str, str, str, bool | None]  # figure, value, goal, met (None: no go
 
 # ---- (b) digest throughput vs memory bandwidth ------------------------------------------
 
+
 def bench_digest(repeats: int) -> dict:
     import torch
 
@@ -90,32 +91,45 @@ def bench_digest(repeats: int) -> dict:
     ratio = digest_gbs / copy_gbs
     # CPU seconds per wall second: on a shared machine, how much CPU each phase was given.
     digest_share, copy_share = digest_cpu / digest_s, copy_cpu / copy_s
-    return {"algorithm": DIGEST_ALGORITHM, "bytes": total, "tensors": len(tensors), "threads": torch.get_num_threads(),
-            "digest_gb_per_s": digest_gbs, "memory_bandwidth_gb_per_s": copy_gbs, "ratio": ratio, "goal": 0.5,
-            "goal_met": ratio >= 0.5, "blake2b_after_copy_gb_per_s": old_gbs,
-            "digest_cpu_per_wall": digest_share, "copy_cpu_per_wall": copy_share,
-            "digest_gb_per_cpu_second": total / digest_cpu / 1e9,
-            "rows": [(f"digest throughput ({DIGEST_ALGORITHM}, {total / 1e9:.2f} GB)", f"{digest_gbs:.2f} GB/s", "", None),
-                     ("  old digest (blake2b after a copy), same data", f"{old_gbs:.2f} GB/s", "", None),
-                     ("memory bandwidth (copy, read+write)", f"{copy_gbs:.2f} GB/s", "", None),
-                     ("  CPU given to digest / copy (cpu s per wall s)", f"{digest_share:.2f} / {copy_share:.2f}", "",
-                      None),
-                     ("(b) digest / memory bandwidth", f"{ratio:.2f}", ">= 0.5", ratio >= 0.5)]}
+    return {
+        "algorithm": DIGEST_ALGORITHM,
+        "bytes": total,
+        "tensors": len(tensors),
+        "threads": torch.get_num_threads(),
+        "digest_gb_per_s": digest_gbs,
+        "memory_bandwidth_gb_per_s": copy_gbs,
+        "ratio": ratio,
+        "goal": 0.5,
+        "goal_met": ratio >= 0.5,
+        "blake2b_after_copy_gb_per_s": old_gbs,
+        "digest_cpu_per_wall": digest_share,
+        "copy_cpu_per_wall": copy_share,
+        "digest_gb_per_cpu_second": total / digest_cpu / 1e9,
+        "rows": [
+            (f"digest throughput ({DIGEST_ALGORITHM}, {total / 1e9:.2f} GB)", f"{digest_gbs:.2f} GB/s", "", None),
+            ("  old digest (blake2b after a copy), same data", f"{old_gbs:.2f} GB/s", "", None),
+            ("memory bandwidth (copy, read+write)", f"{copy_gbs:.2f} GB/s", "", None),
+            ("  CPU given to digest / copy (cpu s per wall s)", f"{digest_share:.2f} / {copy_share:.2f}", "", None),
+            ("(b) digest / memory bandwidth", f"{ratio:.2f}", ">= 0.5", ratio >= 0.5),
+        ],
+    }
 
 
 # ---- (c) kernel-input capture vs a plain forward ---------------------------------------
 
-def bench_kernel_capture(repeats: int) -> dict:
-    from harness import checkpoints
-    from harness.engine.engines import LocalEngine
-    from harness.requirements import EngineRequirements
-    from harness.pipeline import resolve_prompts
-    from harness.plan import PathNeeds, make_plan
-    from harness.spec import PromptSpec, RunSpec
 
-    model = str(checkpoints.tiny_qwen3())
+def bench_kernel_capture(repeats: int) -> dict:
+    from harness.arm.engines import LocalEngine
+    from harness.checkpoints.tiny import tiny_qwen3
+    from harness.orchestrate.execute import resolve_prompts
+    from harness.plan import PathNeeds, make_plan
+    from harness.spec.checkpoint_set import CheckpointSet
+    from harness.spec.requirements import EngineRequirements
+    from harness.spec.run import PromptSpec, RunSpec
+
+    model = str(tiny_qwen3())
     spec = resolve_prompts(RunSpec(model=model))
-    cs = checkpoints.CheckpointSet(a=model, b=model, b_control=model, control_tensor="")
+    cs = CheckpointSet(a=model, b=model, b_control=model, control_tensor="")
     arm = make_plan(spec, cs, {"reload_weights": PathNeeds(EngineRequirements(), ("B",))}, {}).arms[0]
     engine = LocalEngine(arm)
     batch = PromptSpec(token_ids=arm.prompts.token_ids, max_tokens=1, logprobs=1)
@@ -141,14 +155,23 @@ def bench_kernel_capture(repeats: int) -> dict:
         engine.close()
     plain_s, recorded_s = (statistics.median(timings[k]) for k in ("plain", "recorded"))
     ratio = recorded_s / plain_s
-    return {"batch_prompts": len(batch.token_ids), "plain_prefill_s": plain_s, "recorded_prefill_s": recorded_s,
-            "ratio": ratio, "goal": 3.0, "goal_met": ratio <= 3.0,
-            "rows": [("plain prefill", f"{plain_s * 1e3:.1f} ms", "", None),
-                     ("prefill with kernel-input capture", f"{recorded_s * 1e3:.1f} ms", "", None),
-                     ("(c) capture / plain forward", f"{ratio:.2f}x", "<= 3x", ratio <= 3.0)]}
+    return {
+        "batch_prompts": len(batch.token_ids),
+        "plain_prefill_s": plain_s,
+        "recorded_prefill_s": recorded_s,
+        "ratio": ratio,
+        "goal": 3.0,
+        "goal_met": ratio <= 3.0,
+        "rows": [
+            ("plain prefill", f"{plain_s * 1e3:.1f} ms", "", None),
+            ("prefill with kernel-input capture", f"{recorded_s * 1e3:.1f} ms", "", None),
+            ("(c) capture / plain forward", f"{ratio:.2f}x", "<= 3x", ratio <= 3.0),
+        ],
+    }
 
 
 # ---- running the CLI, watching memory --------------------------------------------------
+
 
 def harness_run(args: list[str], out: Path, env: dict[str, str] | None = None) -> dict:
     """``refit-harness run ARGS --out OUT``: wall time, summary, and peak RSS of the parent
@@ -156,8 +179,9 @@ def harness_run(args: list[str], out: Path, env: dict[str, str] | None = None) -
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "harness.cli", "run", *args, "--out", str(out)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     watcher = PeakRss(proc.pid, str(out))
     watcher.start()
     output = proc.communicate()[0]
@@ -165,8 +189,14 @@ def harness_run(args: list[str], out: Path, env: dict[str, str] | None = None) -
     watcher.stop()
     summary_file = out / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    return {"seconds": seconds, "exit_code": proc.returncode, "summary": summary, "output": output[-3000:],
-            "parent_peak_rss_bytes": watcher.parent_peak, "arm_peak_rss_bytes": watcher.arm_peaks()}
+    return {
+        "seconds": seconds,
+        "exit_code": proc.returncode,
+        "summary": summary,
+        "output": output[-3000:],
+        "parent_peak_rss_bytes": watcher.parent_peak,
+        "arm_peak_rss_bytes": watcher.arm_peaks(),
+    }
 
 
 class PeakRss(threading.Thread):
@@ -187,7 +217,7 @@ class PeakRss(threading.Thread):
             self.parent_peak = max(self.parent_peak, _hwm(self.parent))
             for p in psutil.process_iter(["pid", "cmdline"]):
                 cmd = " ".join(p.info["cmdline"] or [])
-                if "harness.engine.arm_process" in cmd and self.marker in cmd:
+                if "harness.arm.process" in cmd and self.marker in cmd:
                     arm = Path(cmd.split("arm_process ", 1)[1].split()[0]).name.removesuffix(".plan.json")
                     try:
                         family = [p, *p.children(recursive=True)]
@@ -221,21 +251,24 @@ def _hwm(pid: int) -> int:
 
 # ---- (a) harness vs bare vLLM ----------------------------------------------------------
 
+
 def bench_harness_vs_bare(repeats: int) -> dict:
     from benchmarks.bare_vllm import run_all
-    from harness import checkpoints, pipeline
-    from harness.engine.fanout import FanoutSpec
+    from harness.checkpoints.prepare import prepare
+    from harness.checkpoints.tiny import tiny_qwen3
+    from harness.orchestrate import execute as pipeline
+    from harness.orchestrate.fanout import FanoutSpec
     from harness.paths import PATHS
     from harness.plan import PathNeeds, make_plan
-    from harness.spec import RunSpec
+    from harness.spec.run import RunSpec
 
     # A cache of its own: the first run is sure to miss the reference cache, and stores the
     # entry the repeated runs reuse.
     work = Path(tempfile.mkdtemp(prefix="refit-bench-a-"))
     cache = work / "cache"
-    model = str(checkpoints.tiny_qwen3(cache=cache))
+    model = str(tiny_qwen3(cache=cache))
     spec = pipeline.resolve_prompts(RunSpec(model=model))
-    cs = checkpoints.prepare(spec.model, spec.target, spec.perturb, spec.control, cache=cache)
+    cs = prepare(spec.model, spec.target, spec.perturb, spec.control, cache=cache)
     plan = make_plan(spec, cs, {"reload_weights": PathNeeds.of(PATHS.get("reload_weights"))}, {})
     env = pipeline.arm_env(plan, spec, FanoutSpec())  # the bare engines get the harness's thread placement
     dirs = {"A": cs.a, "B": cs.b, "B_control": cs.b_control}
@@ -244,8 +277,9 @@ def bench_harness_vs_bare(repeats: int) -> dict:
     first, repeated, bare = [], [], []
     for i in range(repeats):  # interleaved triples
         bare.append(run_all(dirs, env))
-        run = harness_run(args + ["--reuse-reference" if i == 0 else "--no-reuse-reference"], work / f"first{i}",
-                          cache_env)
+        run = harness_run(
+            args + ["--reuse-reference" if i == 0 else "--no-reuse-reference"], work / f"first{i}", cache_env
+        )
         assert run["exit_code"] == 0 and not run["summary"]["reference"]["reused"], run["output"]
         first.append(run["seconds"])
         run = harness_run(args + ["--reuse-reference"], work / f"repeated{i}", cache_env)
@@ -253,44 +287,71 @@ def bench_harness_vs_bare(repeats: int) -> dict:
         repeated.append(run["seconds"])
     shutil.rmtree(work, ignore_errors=True)
     b, f, r = (statistics.median(x) for x in (bare, first, repeated))
-    return {"bare_s": bare, "first_run_s": first, "repeated_run_s": repeated, "thread_env": env,
-            "ratio_first": f / b, "ratio_repeated": r / b, "goal_first": 1.0, "goal_repeated": 0.5,
-            "rows": [("bare vLLM, same work (3 engines, 2 at a time)", f"{b:.1f} s", "", None),
-                     ("harness, first run", f"{f:.1f} s", "", None),
-                     ("harness, repeated run (reused reference)", f"{r:.1f} s", "", None),
-                     ("(a) first run / bare", f"{f / b:.2f}", "<= 1.0", f / b <= 1.0),
-                     ("(a) repeated run / bare", f"{r / b:.2f}", "<= 0.5", r / b <= 0.5)]}
+    return {
+        "bare_s": bare,
+        "first_run_s": first,
+        "repeated_run_s": repeated,
+        "thread_env": env,
+        "ratio_first": f / b,
+        "ratio_repeated": r / b,
+        "goal_first": 1.0,
+        "goal_repeated": 0.5,
+        "rows": [
+            ("bare vLLM, same work (3 engines, 2 at a time)", f"{b:.1f} s", "", None),
+            ("harness, first run", f"{f:.1f} s", "", None),
+            ("harness, repeated run (reused reference)", f"{r:.1f} s", "", None),
+            ("(a) first run / bare", f"{f / b:.2f}", "<= 1.0", f / b <= 1.0),
+            ("(a) repeated run / bare", f"{r / b:.2f}", "<= 0.5", r / b <= 0.5),
+        ],
+    }
 
 
 # ---- (d) scaling with paths ------------------------------------------------------------
 
-CPU_PATHS = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
-             "dummy_start", "prefix_cache", "compiled", "reload_kernel_format", "sharded_state")
+CPU_PATHS = (
+    "reload_weights",
+    "reload_weights_iterator",
+    "discard_reload",
+    "transfer_gloo",
+    "http_reload",
+    "dummy_start",
+    "prefix_cache",
+    "compiled",
+    "reload_kernel_format",
+    "sharded_state",
+)
 
 
 def bench_paths_scaling(repeats: int) -> dict:
-    from harness import checkpoints
+    from harness.checkpoints.tiny import tiny_qwen3
 
-    model = str(checkpoints.tiny_qwen3())
+    model = str(tiny_qwen3())
     work = Path(tempfile.mkdtemp(prefix="refit-bench-d-"))
     results, rows = {}, []
     for label, paths in (("1 path", CPU_PATHS[:1]), ("3 paths", CPU_PATHS[:3]), ("all CPU paths", CPU_PATHS)):
         run = harness_run(["--model", model, "--paths", ",".join(paths), "--no-reuse-reference"], work / label[0])
         s = run["summary"]
-        results[label] = {"paths": list(paths), "seconds": run["seconds"], "exit_code": run["exit_code"],
-                          "cold_starts": s.get("cold_starts"), "arms": len(s.get("arms", [])),
-                          "verdicts": {p: v["verdict"] for p, v in s.get("paths", {}).items()}}
+        results[label] = {
+            "paths": list(paths),
+            "seconds": run["seconds"],
+            "exit_code": run["exit_code"],
+            "cold_starts": s.get("cold_starts"),
+            "arms": len(s.get("arms", [])),
+            "verdicts": {p: v["verdict"] for p, v in s.get("paths", {}).items()},
+        }
         rows.append((f"(d) {label} ({len(paths)}): wall time", f"{run['seconds']:.0f} s", "", None))
-        rows.append((f"(d) {label}: engine cold starts", str(s.get("cold_starts")),
-                     "= 2 + subject engines", None))
+        rows.append((f"(d) {label}: engine cold starts", str(s.get("cold_starts")), "= 2 + subject engines", None))
     shutil.rmtree(work, ignore_errors=True)
     return {"runs": results, "rows": rows}
 
 
 # ---- (e) scaling with model size -------------------------------------------------------
 
-SIZES = {"0.01GB": dict(vocab_size=8192, hidden_size=256), "0.5GB": dict(vocab_size=65536, hidden_size=1024),
-         "2GB": dict(vocab_size=131072, hidden_size=2048)}
+SIZES = {
+    "0.01GB": dict(vocab_size=8192, hidden_size=256),
+    "0.5GB": dict(vocab_size=65536, hidden_size=1024),
+    "2GB": dict(vocab_size=131072, hidden_size=2048),
+}
 
 
 def wide_model(name: str, dims: dict, cache: Path) -> Path:
@@ -299,7 +360,7 @@ def wide_model(name: str, dims: dict, cache: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from harness.checkpoints import TINY_QWEN3
+    from harness.checkpoints.tiny import TINY_QWEN3
 
     dest = cache / f"wide-qwen3-{name}"
     if (dest / "config.json").is_file():
@@ -337,7 +398,7 @@ def wide_model(name: str, dims: dict, cache: Path) -> Path:
 
 
 def bench_model_size(repeats: int) -> dict:
-    from harness.checkpoints import DEFAULT_CACHE
+    from harness.settings import DEFAULT_CACHE
 
     work = Path(tempfile.mkdtemp(prefix="refit-bench-e-"))
     results, rows = {}, []
@@ -345,32 +406,60 @@ def bench_model_size(repeats: int) -> dict:
         model = wide_model(name, dims, DEFAULT_CACHE / "models")
         size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         # One arm at a time: a 2 GB model's engines would not fit two at once beside other users.
-        run = harness_run(["--model", str(model), "--paths", "reload_weights", "--no-reuse-reference",
-                           "--arm-timeout", "1800", "--max-parallel", "1"], work / name)
-        results[name] = {"checkpoint_bytes": size, "seconds": run["seconds"], "exit_code": run["exit_code"],
-                         "parent_peak_rss_bytes": run["parent_peak_rss_bytes"],
-                         "arm_peak_rss_bytes": run["arm_peak_rss_bytes"],
-                         "verdict": run["summary"].get("paths", {}).get("reload_weights", {}).get("verdict"),
-                         "output_tail": run["output"][-1500:] if run["exit_code"] else ""}
+        run = harness_run(
+            [
+                "--model",
+                str(model),
+                "--paths",
+                "reload_weights",
+                "--no-reuse-reference",
+                "--arm-timeout",
+                "1800",
+                "--max-parallel",
+                "1",
+            ],
+            work / name,
+        )
+        results[name] = {
+            "checkpoint_bytes": size,
+            "seconds": run["seconds"],
+            "exit_code": run["exit_code"],
+            "parent_peak_rss_bytes": run["parent_peak_rss_bytes"],
+            "arm_peak_rss_bytes": run["arm_peak_rss_bytes"],
+            "verdict": run["summary"].get("paths", {}).get("reload_weights", {}).get("verdict"),
+            "output_tail": run["output"][-1500:] if run["exit_code"] else "",
+        }
         arms = run["arm_peak_rss_bytes"]
         rows.append((f"(e) {size / 1e9:.2f} GB checkpoint: wall time", f"{run['seconds']:.0f} s", "", None))
-        rows.append((f"(e) {size / 1e9:.2f} GB: parent peak RSS", f"{run['parent_peak_rss_bytes'] / 1e9:.2f} GB",
-                     "< checkpoint", run["parent_peak_rss_bytes"] < size if size > 1e9 else None))
-        rows.append((f"(e) {size / 1e9:.2f} GB: arm peak RSS (max; each)",
-                     f"{max(arms.values(), default=0) / 1e9:.2f} GB; "
-                     + ", ".join(f"{a} {v / 1e9:.2f}" for a, v in sorted(arms.items())), "", None))
+        rows.append(
+            (
+                f"(e) {size / 1e9:.2f} GB: parent peak RSS",
+                f"{run['parent_peak_rss_bytes'] / 1e9:.2f} GB",
+                "< checkpoint",
+                run["parent_peak_rss_bytes"] < size if size > 1e9 else None,
+            )
+        )
+        rows.append(
+            (
+                f"(e) {size / 1e9:.2f} GB: arm peak RSS (max; each)",
+                f"{max(arms.values(), default=0) / 1e9:.2f} GB; "
+                + ", ".join(f"{a} {v / 1e9:.2f}" for a, v in sorted(arms.items())),
+                "",
+                None,
+            )
+        )
     shutil.rmtree(work, ignore_errors=True)
     return {"sizes": results, "rows": rows}
 
 
 def prepare_child(model: str, cache: str) -> None:
-    """In a process of its own: ``checkpoints.prepare`` (B and B′, made afresh in ``cache``),
+    """In a process of its own: ``prepare`` (B and B′, made afresh in ``cache``),
     then print its own exact peak RSS (VmHWM) and the RSS it had before, with torch and the
     harness already imported, as one JSON line."""
     import torch  # noqa: F401  (imported before the baseline: a real run's parent has it too)
 
-    from harness import checkpoints
-    from harness.spec import ControlSpec, PerturbSpec
+    from harness.checkpoints.prepare import prepare
+    from harness.spec.run import ControlSpec, PerturbSpec
 
     def status(key: str) -> int:
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key + ":"))
@@ -378,15 +467,19 @@ def prepare_child(model: str, cache: str) -> None:
 
     baseline = status("VmRSS")
     start = time.perf_counter()
-    checkpoints.prepare(model, None, PerturbSpec(), ControlSpec(), cache=Path(cache))
-    print(json.dumps({"seconds": time.perf_counter() - start, "baseline_rss_bytes": baseline,
-                      "peak_rss_bytes": status("VmHWM")}))
+    prepare(model, None, PerturbSpec(), ControlSpec(), cache=Path(cache))
+    print(
+        json.dumps(
+            {"seconds": time.perf_counter() - start, "baseline_rss_bytes": baseline, "peak_rss_bytes": status("VmHWM")}
+        )
+    )
 
 
 def bench_prepare_memory(repeats: int) -> dict:
     """(e) without engines: the parent's preparation alone (making B and B′) for each size,
     each in a fresh process and a fresh cache, so B and B′ are really made."""
-    from harness.checkpoints import DEFAULT_CACHE, read_headers
+    from harness.checkpoints.read import read_headers
+    from harness.settings import DEFAULT_CACHE
 
     results, rows = {}, []
     for name, dims in SIZES.items():
@@ -395,32 +488,74 @@ def bench_prepare_memory(repeats: int) -> dict:
         largest = max(math.prod(h.shape) * _DTYPE_BYTES[h.dtype] for h in read_headers(model).values())
         cache = Path(tempfile.mkdtemp(prefix="refit-bench-prepare-"))
         try:
-            proc = subprocess.run([sys.executable, "-c", "import sys; from benchmarks.run import prepare_child; "
-                                   "prepare_child(sys.argv[1], sys.argv[2])", str(model), str(cache)],
-                                  capture_output=True, text=True, timeout=3600)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from benchmarks.run import prepare_child; prepare_child(sys.argv[1], sys.argv[2])",
+                    str(model),
+                    str(cache),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         if proc.returncode:
             raise RuntimeError(f"prepare on {model} failed: {proc.stderr[-2000:]}")
         child = json.loads(proc.stdout.strip().splitlines()[-1])
         peak, extra = child["peak_rss_bytes"], child["peak_rss_bytes"] - child["baseline_rss_bytes"]
-        results[name] = {"checkpoint_bytes": size, "largest_tensor_bytes": largest, **child,
-                         "extra_rss_bytes": extra, "extra_per_largest_tensor": extra / largest}
+        results[name] = {
+            "checkpoint_bytes": size,
+            "largest_tensor_bytes": largest,
+            **child,
+            "extra_rss_bytes": extra,
+            "extra_per_largest_tensor": extra / largest,
+        }
         rows.append((f"(e) {size / 1e9:.2f} GB: making B and B′, wall time", f"{child['seconds']:.0f} s", "", None))
-        rows.append((f"(e) {size / 1e9:.2f} GB: making B and B′, parent peak RSS", f"{peak / 1e9:.2f} GB",
-                     "< checkpoint", peak < size if size > 1e9 else None))
-        rows.append((f"(e) {size / 1e9:.2f} GB:   above the imports, ÷ largest tensor ({largest / 1e9:.2f} GB)",
-                     f"{extra / 1e9:.2f} GB, {extra / largest:.2f}x", "about 1x", None))
+        rows.append(
+            (
+                f"(e) {size / 1e9:.2f} GB: making B and B′, parent peak RSS",
+                f"{peak / 1e9:.2f} GB",
+                "< checkpoint",
+                peak < size if size > 1e9 else None,
+            )
+        )
+        rows.append(
+            (
+                f"(e) {size / 1e9:.2f} GB:   above the imports, ÷ largest tensor ({largest / 1e9:.2f} GB)",
+                f"{extra / 1e9:.2f} GB, {extra / largest:.2f}x",
+                "about 1x",
+                None,
+            )
+        )
     return {"sizes": results, "rows": rows}
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 BENCHMARKS: dict[str, Callable[[int], dict]] = {
-    "harness_vs_bare": bench_harness_vs_bare, "digest": bench_digest, "kernel_capture": bench_kernel_capture,
-    "paths_scaling": bench_paths_scaling, "model_size": bench_model_size, "prepare_memory": bench_prepare_memory,
+    "harness_vs_bare": bench_harness_vs_bare,
+    "digest": bench_digest,
+    "kernel_capture": bench_kernel_capture,
+    "paths_scaling": bench_paths_scaling,
+    "model_size": bench_model_size,
+    "prepare_memory": bench_prepare_memory,
 }
 
 
@@ -447,9 +582,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {name} ...", flush=True)
         started, load_before = time.perf_counter(), os.getloadavg()
         result = BENCHMARKS[name](args.repeats)
-        result = {"benchmark": name, "seconds": time.perf_counter() - started, "cpus": os.cpu_count(),
-                  "load_average_before_after": [load_before[0], os.getloadavg()[0]],
-                  "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}
+        result = {
+            "benchmark": name,
+            "seconds": time.perf_counter() - started,
+            "cpus": os.cpu_count(),
+            "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **result,
+        }
         (OUT / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
         rows += [tuple(r) for r in result["rows"]]
         print_table([tuple(r) for r in result["rows"]])

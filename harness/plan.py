@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.builds import BuildSpec
-from harness.checkpoint_set import CheckpointSet
-from harness.requirements import EngineRequirements, RefitTarget
 from harness.records import ArmRole, ObservationLabel, ProbeLabel
-from harness.spec import AccuracyPrompts, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
+from harness.spec.build import BuildSpec
+from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.requirements import EngineRequirements, RefitTarget
+from harness.spec.run import AccuracyPrompts, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 SABOTAGE = "~sabotage"
@@ -126,7 +126,7 @@ class Plan:
     skipped: tuple[SkippedPath, ...]
     """Paths that will be reported SKIPPED."""
     reused: tuple[str, ...] = ()
-    """Arms not run because their results come from the reference cache (``harness.reference``)."""
+    """Arms not run because their results come from the reference cache (``harness.orchestrate.reference``)."""
 
     def subject_of(self, path: str) -> ArmPlan | None:
         return next((a for a in self.arms if path in a.paths), None)
@@ -152,15 +152,23 @@ def mode_reference_name(mode: str) -> str:
     return f"reference-{mode}"
 
 
-def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNeeds],
-              unavailable: dict[str, str]) -> Plan:
+def make_plan(
+    spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNeeds], unavailable: dict[str, str]
+) -> Plan:
     """``paths`` maps each requested path to what the planner needs of it; ``unavailable``
     maps a path to the reason it cannot run on this machine. With ``spec.sabotage`` each
     subject engine runs its paths' sabotaged twins after all the real segments, so a
     sabotage can never leak into a real path's verdict."""
     accuracy = AccuracyPrompts(spec.accuracy.prompts, spec.accuracy.max_tokens) if spec.accuracy else None
-    common = dict(engine=spec.engine, prompts=spec.prompts, checkpoints=checkpoints, timeout_s=spec.arm_timeout_s,
-                  build=spec.build, throughput=spec.throughput, accuracy=accuracy)
+    common = dict(
+        engine=spec.engine,
+        prompts=spec.prompts,
+        checkpoints=checkpoints,
+        timeout_s=spec.arm_timeout_s,
+        build=spec.build,
+        throughput=spec.throughput,
+        accuracy=accuracy,
+    )
     runnable = [p for p in spec.paths if p not in unavailable]
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
     if not runnable:
@@ -172,8 +180,10 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
     if accuracy:
         cold_b += (Probe(ProbeLabel("accuracy", cold)),)
     plain = EngineRequirements()
-    arms = [ArmPlan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain, **common),
-            ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common)]
+    arms = [
+        ArmPlan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain, **common),
+        ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common),
+    ]
     groups: dict[EngineRequirements, list[str]] = {}
     for p in runnable:
         groups.setdefault(paths[p].requirements, []).append(p)
@@ -184,21 +194,48 @@ def make_plan(spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNe
         warm_b = ObservationLabel("warm_B", members[0])
         at = steps.index(Observe(warm_b)) + 1 if Observe(warm_b) in steps else len(steps)
         probes = ((Probe(ProbeLabel("throughput", warm_b)),) if spec.throughput else ()) + (
-            (Probe(ProbeLabel("accuracy", warm_b)),) if accuracy else ())
+            (Probe(ProbeLabel("accuracy", warm_b)),) if accuracy else ()
+        )
         steps = steps[:at] + probes + steps[at:]
         if spec.sabotage:
             steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
-        arms.append(ArmPlan(name="subject-" + "+".join(members), role="subject", paths=tuple(members), start="A",
-                            steps=steps, requirements=requirements, **common))
+        arms.append(
+            ArmPlan(
+                name="subject-" + "+".join(members),
+                role="subject",
+                paths=tuple(members),
+                start="A",
+                steps=steps,
+                requirements=requirements,
+                **common,
+            )
+        )
     # A subject in another engine mode than the run's (the compiled path in an eager run) is
     # compared with a cold B in its own mode: compiled and eager kernels round differently
     # (bf16, measured: logprobs 0.004 apart and tokens diverging, with every tensor equal).
     for mode in sorted({r.mode for r in groups if r.mode and r.mode != spec.engine.mode}):
-        arms.insert(2, ArmPlan(name=mode_reference_name(mode), role="mode_reference", paths=(), start="B",
-                               steps=(Observe(cold),), requirements=EngineRequirements(mode=mode),
-                               **common))
+        arms.insert(
+            2,
+            ArmPlan(
+                name=mode_reference_name(mode),
+                role="mode_reference",
+                paths=(),
+                start="B",
+                steps=(Observe(cold),),
+                requirements=EngineRequirements(mode=mode),
+                **common,
+            ),
+        )
     if accuracy:  # the eval's discriminating power: does a damaged B score lower than B?
-        arms.append(ArmPlan(name="damaged", role="damaged", paths=(), start="B_damaged",
-                            steps=(Probe(ProbeLabel("accuracy", ObservationLabel("cold_B_damaged"))),),
-                            requirements=plain, **common))
+        arms.append(
+            ArmPlan(
+                name="damaged",
+                role="damaged",
+                paths=(),
+                start="B_damaged",
+                steps=(Probe(ProbeLabel("accuracy", ObservationLabel("cold_B_damaged"))),),
+                requirements=plain,
+                **common,
+            )
+        )
     return Plan(arms=tuple(arms), skipped=skipped)

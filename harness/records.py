@@ -195,8 +195,9 @@ class Observation:
     def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord) -> str:
         """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more
         than one rank was observed, the bare name otherwise."""
-        return f"rank{record.rank}:{record.name}" if self.model.world_size > 1 and record.rank is not None \
-            else record.name
+        return (
+            f"rank{record.rank}:{record.name}" if self.model.world_size > 1 and record.rank is not None else record.name
+        )
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Generic, TypeVar
 
+from harness.errors import UnknownName
+
 T = TypeVar("T")
-
-
-class UnknownName(KeyError):
-    """A lookup named something the registry does not hold."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; we want a plain line
-        return str(self.args[0])
 
 
 class Registry(Generic[T]):

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import pydantic
 
+from harness.errors import SchemaError
+
 SCHEMA_VERSION = 3
 T = TypeVar("T")
 
@@ -35,16 +37,14 @@ OLDEST_READABLE = 1
 
 def migration(version: int) -> Callable[[Migration], Migration]:
     """Register the upgrade of a payload from ``version`` to ``version + 1``."""
+
     def register(upgrade: Migration) -> Migration:
         if version in MIGRATIONS:
             raise ValueError(f"a migration from schema version {version} is already registered")
         MIGRATIONS[version] = upgrade
         return upgrade
+
     return register
-
-
-class SchemaError(ValueError):
-    """A record on disk cannot be read by this harness."""
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -158,8 +158,10 @@ def load(tp: type[T], path: Path, kind: str) -> T:
         raise SchemaError(f"{path}: not a refit-harness record (a JSON {type(payload).__name__})")
     version = payload.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or not OLDEST_READABLE <= version <= SCHEMA_VERSION:
-        raise SchemaError(f"{path}: schema_version {version!r} is not readable by this harness "
-                          f"(reads {OLDEST_READABLE} to {SCHEMA_VERSION})")
+        raise SchemaError(
+            f"{path}: schema_version {version!r} is not readable by this harness "
+            f"(reads {OLDEST_READABLE} to {SCHEMA_VERSION})"
+        )
     if payload.get("kind") != kind:
         raise SchemaError(f"{path}: expected a {kind!r} record, found {payload.get('kind')!r}")
     payload = migrate(payload, path)
@@ -170,8 +172,10 @@ def load(tp: type[T], path: Path, kind: str) -> T:
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "the record"
-        raise SchemaError(f"{path}: a {kind!r} record of version {version} with the wrong structure "
-                          f"({exc.error_count()} error(s); first: {where}: {first['msg']})") from exc
+        raise SchemaError(
+            f"{path}: a {kind!r} record of version {version} with the wrong structure "
+            f"({exc.error_count()} error(s); first: {where}: {first['msg']})"
+        ) from exc
 
 
 def migrate(payload: dict, path: Path | str = "record") -> dict:
@@ -179,12 +183,15 @@ def migrate(payload: dict, path: Path | str = "record") -> dict:
     version = payload["schema_version"]
     while version < SCHEMA_VERSION:
         if version not in MIGRATIONS:
-            raise SchemaError(f"{path}: schema_version {version} is not readable by this harness "
-                              f"(no migration from version {version})")
+            raise SchemaError(
+                f"{path}: schema_version {version} is not readable by this harness "
+                f"(no migration from version {version})"
+            )
         payload = MIGRATIONS[version](payload)
         if payload.get("schema_version") != version + 1:
-            raise SchemaError(f"{path}: the migration from schema version {version} did not produce version "
-                              f"{version + 1}")
+            raise SchemaError(
+                f"{path}: the migration from schema version {version} did not produce version {version + 1}"
+            )
         version += 1
     return payload
 
@@ -242,11 +249,16 @@ def _typed_labels(payload: dict) -> dict:
             plans = data["plan"].get("arms") or []
         for plan in plans:
             if isinstance(plan, dict) and isinstance(plan.get("steps"), list):
-                plan["steps"] = [_typed_step(s) if isinstance(s, dict) and isinstance(s.get("argument"), str) else s
-                                 for s in plan["steps"]]
+                plan["steps"] = [
+                    _typed_step(s) if isinstance(s, dict) and isinstance(s.get("argument"), str) else s
+                    for s in plan["steps"]
+                ]
         if kind == "arm_result":
-            for field, typed in (("observations", _observation_label), ("measurements", _probe_label),
-                                 ("completions", _probe_label)):
+            for field, typed in (
+                ("observations", _observation_label),
+                ("measurements", _probe_label),
+                ("completions", _probe_label),
+            ):
                 for record in data.get(field) or ():
                     if isinstance(record, dict) and isinstance(record.get("label"), str):
                         record["label"] = typed(record["label"])

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
-import subprocess
 from pathlib import Path
 
 TIMEOUT_S = 180
@@ -29,8 +29,18 @@ def tiny_mamba2(directory: Path) -> str:
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
     torch.manual_seed(0)
-    config = Mamba2Config(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_heads=8, head_dim=32,
-                          state_size=16, n_groups=1, expand=2, chunk_size=64, tie_word_embeddings=False)
+    config = Mamba2Config(
+        vocab_size=512,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_heads=8,
+        head_dim=32,
+        state_size=16,
+        n_groups=1,
+        expand=2,
+        chunk_size=64,
+        tie_word_embeddings=False,
+    )
     Mamba2ForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     return str(directory)
 
@@ -42,23 +52,38 @@ def generate(model: str, prefix_caching: bool) -> None:
     draw = random.Random(0)
     prefix = [draw.randrange(1, 512) for _ in range(272)]
     prompts = [{"prompt_token_ids": prefix + [draw.randrange(1, 512) for _ in range(8 + i)]} for i in range(4)]
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-              kv_cache_memory_bytes=64 << 20, max_model_len=512, max_num_seqs=8, seed=0,
-              enable_prefix_caching=prefix_caching)
+    llm = LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        kv_cache_memory_bytes=64 << 20,
+        max_model_len=512,
+        max_num_seqs=8,
+        seed=0,
+        enable_prefix_caching=prefix_caching,
+    )
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, detokenize=False))
 
 
 def finishes(model: str, prefix_caching: bool) -> bool:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     try:
-        proc = subprocess.run([sys.executable, __file__, "--child", model, str(int(prefix_caching))], env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", model, str(int(prefix_caching))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         print(f"enable_prefix_caching={prefix_caching}: no output after {TIMEOUT_S} s (killed)")
         return False
     error = [ln for ln in proc.stderr.splitlines() if re.search(r"\b\w+(Error|Exception): ", ln)][-1:]
-    print(f"enable_prefix_caching={prefix_caching}: "
-          + ("finished" if proc.returncode == 0 else f"raised (exit {proc.returncode}): {error}"))
+    print(
+        f"enable_prefix_caching={prefix_caching}: "
+        + ("finished" if proc.returncode == 0 else f"raised (exit {proc.returncode}): {error}")
+    )
     return proc.returncode == 0
 
 

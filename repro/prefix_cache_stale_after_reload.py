@@ -24,9 +24,17 @@ def tiny_qwen3(directory: Path, seed: int) -> str:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
-                         tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     model = Qwen3ForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -45,8 +53,15 @@ def main() -> int:
     prefix = [draw.randrange(1, 512) for _ in range(272)]  # > two 128-token KV blocks
     prompts = [{"prompt_token_ids": prefix + [draw.randrange(1, 512) for _ in range(8 + i)]} for i in range(4)]
     params = SamplingParams(temperature=0.0, max_tokens=12, detokenize=False)
-    settings = dict(skip_tokenizer_init=True, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20,
-                    max_model_len=512, max_num_seqs=8, seed=0)
+    settings = dict(
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        kv_cache_memory_bytes=64 << 20,
+        max_model_len=512,
+        max_num_seqs=8,
+        seed=0,
+    )
 
     def generate(llm):
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -65,7 +80,9 @@ def main() -> int:
     print("A -> reload_weights(B):   ", after_reload, "cached tokens per prompt:", cached)
     print("... + reset_prefix_cache():", after_reset)
     stale = after_reload != cold_b
-    print("stale prefix KV served after reload_weights:", stale, "| equal to cold B after reset:", after_reset == cold_b)
+    print(
+        "stale prefix KV served after reload_weights:", stale, "| equal to cold B after reset:", after_reset == cold_b
+    )
     return 1 if stale else 0
 
 

@@ -1,28 +1,50 @@
 """Scenarios on the embedded tiny Qwen3: what ``make run`` and CPU CI exercise."""
 
-from harness.scenario import ModelRef, ScenarioSpec
+from harness.spec.scenario import ModelRef, ScenarioSpec
 
 TINY = ModelRef(label="tiny-qwen3", builder="tiny-qwen3")
 # The kernel-format reload runs last of the paths sharing one engine: it is the one that needs
 # vLLM's sharded-state saver, which raises on some models (DeepSeek-V2), and a shared engine's
 # later segments would then not run.
-CPU_PATHS = ("reload_weights", "reload_weights_iterator", "discard_reload", "reload_kernel_format", "transfer_gloo",
-             "http_reload", "dummy_start", "sharded_state", "prefix_cache", "compiled")
+CPU_PATHS = (
+    "reload_weights",
+    "reload_weights_iterator",
+    "discard_reload",
+    "reload_kernel_format",
+    "transfer_gloo",
+    "http_reload",
+    "dummy_start",
+    "sharded_state",
+    "prefix_cache",
+    "compiled",
+)
 
 
 def default() -> ScenarioSpec:
-    return ScenarioSpec(name="default", description="every CPU-capable reload path on the embedded tiny Qwen3",
-                        models=(TINY,), paths=CPU_PATHS)
+    return ScenarioSpec(
+        name="default",
+        description="every CPU-capable reload path on the embedded tiny Qwen3",
+        models=(TINY,),
+        paths=CPU_PATHS,
+    )
 
 
 def smoke() -> ScenarioSpec:
-    return ScenarioSpec(name="smoke", description="reload_weights and the gloo transfer twin on the tiny Qwen3",
-                        models=(TINY,), paths=("reload_weights", "transfer_gloo"))
+    return ScenarioSpec(
+        name="smoke",
+        description="reload_weights and the gloo transfer twin on the tiny Qwen3",
+        models=(TINY,),
+        paths=("reload_weights", "transfer_gloo"),
+    )
 
 
 def pr_review() -> ScenarioSpec:
     """Two builds of vLLM, e.g. main and a PR: ``run -s pr-review --build base=... --build pr=...``.
     No expected verdicts, so the implied one holds: no cell worse on pr than on base."""
-    return ScenarioSpec(name="pr-review", description="base vs pr (vLLM builds) on the refit paths of the tiny Qwen3",
-                        models=(TINY,), paths=("reload_weights", "reload_weights_iterator", "transfer_gloo"),
-                        builds=("base", "pr"))
+    return ScenarioSpec(
+        name="pr-review",
+        description="base vs pr (vLLM builds) on the refit paths of the tiny Qwen3",
+        models=(TINY,),
+        paths=("reload_weights", "reload_weights_iterator", "transfer_gloo"),
+        builds=("base", "pr"),
+    )

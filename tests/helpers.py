@@ -33,6 +33,11 @@ class OracleRun:
 
 def run_cli(args: list[str], out: Path, extra_env: dict[str, str] | None = None, timeout: float = 1200) -> OracleRun:
     env = dict(os.environ, **(extra_env or {}))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", *args, "--out", str(out)], capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     return OracleRun(exit_code=proc.returncode, out=out, output=proc.stdout + proc.stderr)

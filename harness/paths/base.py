@@ -12,24 +12,26 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from harness.device import cuda_available
 from harness.records import PromptOutput
-from harness.requirements import EngineRequirements, EngineRestart, RefitTarget
-from harness.spec import KnownIssue, PromptSpec
+from harness.settings import SCRATCH_ENV
+from harness.spec.known_issues import KnownIssue
+from harness.spec.requirements import EngineRequirements, EngineRestart, RefitTarget
+from harness.spec.run import PromptSpec
 
 if TYPE_CHECKING:
-    from harness.checkpoint_set import CheckpointSet
+    from harness.spec.checkpoint_set import CheckpointSet
 
 
 def scratch_root() -> str | None:
     """Directory for a path's full weight copies: the arm's scratch directory under the run's
     out dir (set by the runner, swept after the arm and on start/resume); None outside a run."""
-    root = os.environ.get("REFIT_HARNESS_SCRATCH")
+    root = os.environ.get(SCRATCH_ENV)
     if root:
         os.makedirs(root, exist_ok=True)
     return root or None
 
 
 class Engine(Protocol):
-    """What a path needs from a running engine. The arm's engines (``harness.engine.engines``)
+    """What a path needs from a running engine. The arm's engines (``harness.arm.engines``)
     provide it; the paths own the interface so that they need not import the engine side."""
 
     def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
@@ -63,8 +65,10 @@ class ReloadPath:
     """Why the path cannot be judged on a CPU-only machine, when that is not just CUDA."""
     known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
     """Measured vLLM limitations this path runs into, per device (XFAIL while they hold)."""
-    sabotage: ClassVar[str] = ("the refit reads a copy of the target with the positive-control tensor left out, "
-                               "so that one tensor keeps its old value")
+    sabotage: ClassVar[str] = (
+        "the refit reads a copy of the target with the positive-control tensor left out, "
+        "so that one tensor keeps its old value"
+    )
     """What the path's sabotaged twin breaks: the one step the path exists for, skipped or
     broken. The twin must FAIL, or the path's own PASS proves nothing."""
     sabotage_targets: ClassVar[tuple[RefitTarget, ...]] = ("B", "A")
@@ -91,19 +95,21 @@ class ReloadPath:
         return None
 
     @classmethod
-    def known_issue(cls, device: str, vllm_version: str | None = None, architecture: str | None = None,
-                    dtype: str | None = None) -> KnownIssue | None:
+    def known_issue(
+        cls, device: str, vllm_version: str | None = None, architecture: str | None = None, dtype: str | None = None
+    ) -> KnownIssue | None:
         """The known issue expected for a subject of this path on an arm's recorded device
         (``cpu (x86_64)``, a GPU's name...), vLLM version, model class and dtype: an architecture's
-        issue (``harness.known_issues``) first, then the path's own."""
+        issue (``harness.spec.known_issues``) first, then the path's own."""
         return next(iter(cls.known_issues_for(device, vllm_version, architecture, dtype)), None)
 
     @classmethod
-    def known_issues_for(cls, device: str, vllm_version: str | None = None, architecture: str | None = None,
-                         dtype: str | None = None) -> tuple[KnownIssue, ...]:
+    def known_issues_for(
+        cls, device: str, vllm_version: str | None = None, architecture: str | None = None, dtype: str | None = None
+    ) -> tuple[KnownIssue, ...]:
         """Every known issue expected for such a subject, an architecture's first: a cell can
         hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format reload)."""
-        from harness.known_issues import KNOWN_ISSUES
+        from harness.spec.known_issues import KNOWN_ISSUES
 
         specific = [k for k in KNOWN_ISSUES if k.architectures]
         general = list(cls.known_issues) + [k for k in KNOWN_ISSUES if not k.architectures]

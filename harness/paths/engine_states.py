@@ -4,11 +4,13 @@ itself and adds only what its state needs."""
 
 from __future__ import annotations
 
-from harness.requirements import EngineRequirements
 from harness.paths.reload_weights import ReloadWeightsFromDirectory, ReloadWeightsFromIterator
+from harness.spec.requirements import EngineRequirements
 
-CPU_SLEEP = ("vLLM's CPUWorker.sleep() and wake_up() only log a warning and do nothing, so a sleep path "
-             "cannot be judged on the CPU; it runs on CUDA through the cumem allocator")
+CPU_SLEEP = (
+    "vLLM's CPUWorker.sleep() and wake_up() only log a warning and do nothing, so a sleep path "
+    "cannot be judged on the CPU; it runs on CUDA through the cumem allocator"
+)
 
 
 class DummyStart(ReloadWeightsFromIterator):
@@ -16,9 +18,11 @@ class DummyStart(ReloadWeightsFromIterator):
     # vLLM's dummy loader has none ("Model reloading with `dummy` format" is not
     # implemented); in-memory tensors are how such an engine gets real weights.
     name = "dummy_start"
-    exercises = ("LLM(load_format='dummy'): post-load hooks and lazy caches see random weights; then "
-                 "reload_weights(weights_iterator=...) to B, as RL frameworks feed a dummy-started engine. "
-                 "The witness for STALE is the dummy state")
+    exercises = (
+        "LLM(load_format='dummy'): post-load hooks and lazy caches see random weights; then "
+        "reload_weights(weights_iterator=...) to B, as RL frameworks feed a dummy-started engine. "
+        "The witness for STALE is the dummy state"
+    )
     requirements = EngineRequirements(load_format="dummy")
     refit_targets = ("B", "B", "B_control")  # there is no cold A to round-trip to
     sabotage = "the positive-control tensor left out of the weights iterator, so it keeps its dummy value"
@@ -27,10 +31,12 @@ class DummyStart(ReloadWeightsFromIterator):
 
 class PrefixCacheCoherence(ReloadWeightsFromDirectory):
     name = "prefix_cache"
-    exercises = ("enable_prefix_caching=True: the prompts (sharing a prefix of several KV blocks) run right before "
-                 "the refit to fill the cache, and after it. vLLM's own RLHF recipe (reload_weights, then "
-                 "LLM.reset_prefix_cache()); anything served from pre-refit KV shows as a token divergence from "
-                 "cold B. The path requires prefix-cache hits after the refit, or it proves nothing")
+    exercises = (
+        "enable_prefix_caching=True: the prompts (sharing a prefix of several KV blocks) run right before "
+        "the refit to fill the cache, and after it. vLLM's own RLHF recipe (reload_weights, then "
+        "LLM.reset_prefix_cache()); anything served from pre-refit KV shows as a token divergence from "
+        "cold B. The path requires prefix-cache hits after the refit, or it proves nothing"
+    )
     requirements = EngineRequirements(enable_prefix_caching=True)
     sabotage = "reload_weights without reset_prefix_cache(): KV computed with the old weights stays servable"
     sabotage_evidence = "tokens"
@@ -48,15 +54,19 @@ class PrefixCacheCoherence(ReloadWeightsFromDirectory):
 
 class CompiledReload(ReloadWeightsFromDirectory):
     name = "compiled"
-    exercises = ("reload_weights in a compiled engine (torch.compile; CUDA graphs on GPU), judged against the eager "
-                 "cold-B reference: a compiled-vs-eager differential and an address-stability check in one")
+    exercises = (
+        "reload_weights in a compiled engine (torch.compile; CUDA graphs on GPU), judged against the eager "
+        "cold-B reference: a compiled-vs-eager differential and an address-stability check in one"
+    )
     requirements = EngineRequirements(mode="compiled")
 
 
 class SleepLevel1(ReloadWeightsFromDirectory):
     name = "sleep_level1"
-    exercises = ("reload_weights to the target, then sleep(level=1) (weights offloaded) and wake_up(): each "
-                 "observation is what wake_up restored, so it must equal the pre-sleep state, which is cold B")
+    exercises = (
+        "reload_weights to the target, then sleep(level=1) (weights offloaded) and wake_up(): each "
+        "observation is what wake_up restored, so it must equal the pre-sleep state, which is cold B"
+    )
     device = "cuda"
     cpu_skip_reason = CPU_SLEEP
     requirements = EngineRequirements(enable_sleep_mode=True)
@@ -76,8 +86,10 @@ class SleepLevel1(ReloadWeightsFromDirectory):
 
 class SleepLevel2(ReloadWeightsFromDirectory):
     name = "sleep_level2"
-    exercises = ("sleep(level=2) discards weights; wake_up(tags=['weights']), reload_weights to the target, "
-                 "wake_up(tags=['kv_cache']) (vLLM #29341: garbage after wake without a reload)")
+    exercises = (
+        "sleep(level=2) discards weights; wake_up(tags=['weights']), reload_weights to the target, "
+        "wake_up(tags=['kv_cache']) (vLLM #29341: garbage after wake without a reload)"
+    )
     device = "cuda"
     cpu_skip_reason = CPU_SLEEP
     requirements = EngineRequirements(enable_sleep_mode=True)

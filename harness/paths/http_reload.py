@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from harness.requirements import EngineRequirements
 from harness.paths.reload_weights import ReloadWeightsFromDirectory
+from harness.spec.requirements import EngineRequirements
 
 
 class HTTPReload(ReloadWeightsFromDirectory):
     # The refit is the same collective_rpc; HTTPEngine sends it as POST /collective_rpc.
     name = "http_reload"
-    exercises = ("vllm serve (VLLM_SERVER_DEV_MODE=1) on a loopback port: POST /collective_rpc reload_weights, "
-                 "generation over /v1/completions, observation through --worker-extension-cls")
+    exercises = (
+        "vllm serve (VLLM_SERVER_DEV_MODE=1) on a loopback port: POST /collective_rpc reload_weights, "
+        "generation over /v1/completions, observation through --worker-extension-cls"
+    )
     requirements = EngineRequirements(kind="http")
     sabotage = "POST /collective_rpc reload_weights with the wrong checkpoint (A, the weights it already holds)"
 

@@ -7,17 +7,21 @@ import shutil
 import tempfile
 
 from harness.paths.base import Engine, ReloadPath, scratch_root
-from harness.requirements import RefitTarget
-from harness.spec import KnownIssue
+from harness.spec.known_issues import KnownIssue
+from harness.spec.requirements import RefitTarget
 
 
 class ReloadWeightsFromDirectory(ReloadPath):
     name = "reload_weights"
-    exercises = ("collective_rpc('reload_weights', weights_path=DIR): vLLM's layerwise reload "
-                 "(initialize_layerwise_reload -> model.load_weights -> finalize_layerwise_reload)")
+    exercises = (
+        "collective_rpc('reload_weights', weights_path=DIR): vLLM's layerwise reload "
+        "(initialize_layerwise_reload -> model.load_weights -> finalize_layerwise_reload)"
+    )
 
-    sabotage = ("reload_weights(weights_path=...) from a copy of the target without the positive-control tensor: "
-                "vLLM warns that the layer failed to load and keeps its old value")
+    sabotage = (
+        "reload_weights(weights_path=...) from a copy of the target without the positive-control tensor: "
+        "vLLM warns that the layer failed to load and keeps its old value"
+    )
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
         engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
@@ -28,8 +32,10 @@ class ReloadWeightsFromDirectory(ReloadPath):
 
 class ReloadWeightsFromIterator(ReloadPath):
     name = "reload_weights_iterator"
-    exercises = ("reload_weights(weights_iterator=...) with in-memory checkpoint-format tensors, fed inside the "
-                 "worker as a colocated trainer does")
+    exercises = (
+        "reload_weights(weights_iterator=...) with in-memory checkpoint-format tensors, fed inside the "
+        "worker as a colocated trainer does"
+    )
 
     sabotage = "the positive-control tensor left out of the weights iterator"
 
@@ -37,14 +43,18 @@ class ReloadWeightsFromIterator(ReloadPath):
         engine.rpc("refit_harness_reload_from_iterator", {"checkpoint_dir": checkpoint_dir})
 
     def sabotaged_refit(self, engine: Engine, target: RefitTarget):
-        engine.rpc("refit_harness_reload_from_iterator",
-                   {"checkpoint_dir": self.checkpoints.directory(target), "exclude": [self.left_out]})
+        engine.rpc(
+            "refit_harness_reload_from_iterator",
+            {"checkpoint_dir": self.checkpoints.directory(target), "exclude": [self.left_out]},
+        )
 
 
 class DiscardThenReload(ReloadPath):
     name = "discard_reload"
-    exercises = ("collective_rpc('reset_weights') (every parameter zeroed, as when weight memory is lost), then "
-                 "reload_weights from a directory: the CPU-capable stand-in for sleep level 2")
+    exercises = (
+        "collective_rpc('reset_weights') (every parameter zeroed, as when weight memory is lost), then "
+        "reload_weights from a directory: the CPU-capable stand-in for sleep level 2"
+    )
 
     sabotage = "reset_weights, then a reload that does not reach the positive-control tensor's layer"
 
@@ -58,15 +68,22 @@ class DiscardThenReload(ReloadPath):
 
 class ReloadKernelFormat(ReloadPath):
     name = "reload_kernel_format"
-    exercises = ("reload_weights(weights_iterator=..., is_checkpoint_format=False): tensors already in the engine's "
-                 "own layout (vLLM's sharded-state saver run on this engine at each target, per rank) are copied "
-                 "into the parameters; no post-load hook runs")
-    known_issues = (KnownIssue(
-        device="cpu", tensor_kinds=("kernel",), dtypes=("float32",),
-        reason="vLLM's CPU backend packs each linear (and lm_head) weight into a oneDNN handle in a post-load hook, "
-               "and a kernel-format reload runs no hook: every such kernel keeps the old weights, with no error or "
-               "warning. Stock linear layers even leave their Parameter empty, so they are not fed at all "
-               "(measured on 0.32, in float32; in bfloat16 there are no such handles and the path passes)"),)
+    exercises = (
+        "reload_weights(weights_iterator=..., is_checkpoint_format=False): tensors already in the engine's "
+        "own layout (vLLM's sharded-state saver run on this engine at each target, per rank) are copied "
+        "into the parameters; no post-load hook runs"
+    )
+    known_issues = (
+        KnownIssue(
+            device="cpu",
+            tensor_kinds=("kernel",),
+            dtypes=("float32",),
+            reason="vLLM's CPU backend packs each linear (and lm_head) weight into a oneDNN handle in a post-load hook, "
+            "and a kernel-format reload runs no hook: every such kernel keeps the old weights, with no error or "
+            "warning. Stock linear layers even leave their Parameter empty, so they are not fed at all "
+            "(measured on 0.32, in float32; in bfloat16 there are no such handles and the path passes)",
+        ),
+    )
 
     sabotage = "the positive-control tensor left out of the kernel-format feed"
 
@@ -77,8 +94,9 @@ class ReloadKernelFormat(ReloadPath):
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget, exclude: tuple[str, ...] = ()) -> None:
         if self._snapshots is None:
             self._snapshots = self._snapshot_targets(engine)
-        engine.rpc("refit_harness_reload_kernel_format", {"directory": f"{self._snapshots}/{target}",
-                                                          "exclude": list(exclude)})
+        engine.rpc(
+            "refit_harness_reload_kernel_format", {"directory": f"{self._snapshots}/{target}", "exclude": list(exclude)}
+        )
 
     def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> None:
         self.refit(engine, self.checkpoints.directory(target), target, exclude=(self.left_out,))

@@ -8,28 +8,35 @@ import tempfile
 from pathlib import Path
 
 from harness.paths.base import Engine, scratch_root
-from harness.requirements import EngineRequirements, EngineRestart, RefitTarget
 from harness.paths.reload_weights import ReloadWeightsFromIterator
-from harness.spec import KnownIssue
+from harness.spec.known_issues import KnownIssue
+from harness.spec.requirements import EngineRequirements, EngineRestart, RefitTarget
 
 
 class ShardedStateRoundTrip(ReloadWeightsFromIterator):
     # From the second refit on, the engine was itself loaded from a sharded state, and that
     # loader cannot read a checkpoint directory: the refit feeds tensors from memory.
     name = "sharded_state"
-    exercises = ("reload_weights(weights_iterator=...) to the target, collective_rpc('save_sharded_state') (vLLM's "
-                 "ShardedStateLoader.save_model, one file per rank), then a new engine with "
-                 "load_format='sharded_state' from that directory")
+    exercises = (
+        "reload_weights(weights_iterator=...) to the target, collective_rpc('save_sharded_state') (vLLM's "
+        "ShardedStateLoader.save_model, one file per rank), then a new engine with "
+        "load_format='sharded_state' from that directory"
+    )
     requirements = EngineRequirements(restarts=True)
     # Every refit is a fresh engine, so a second B or a return to A would repeat the first
     # check at the cost of another engine start.
     refit_targets = ("B", "B_control")
-    known_issues = (KnownIssue(
-        device="cpu", error_contains="Missing keys", dtypes=("float32",),
-        reason="vLLM's CPU backend leaves every linear weight Parameter empty (the weights live in oneDNN handles); "
-               "the sharded-state saver skips empty tensors, so the saved state has no linear weights and the "
-               "new engine refuses to start from it (\"Missing keys ... in loaded state\", measured on 0.32, in "
-               "float32; in bfloat16 there are no such handles and the round trip passes)"),)
+    known_issues = (
+        KnownIssue(
+            device="cpu",
+            error_contains="Missing keys",
+            dtypes=("float32",),
+            reason="vLLM's CPU backend leaves every linear weight Parameter empty (the weights live in oneDNN handles); "
+            "the sharded-state saver skips empty tensors, so the saved state has no linear weights and the "
+            'new engine refuses to start from it ("Missing keys ... in loaded state", measured on 0.32, in '
+            "float32; in bfloat16 there are no such handles and the round trip passes)",
+        ),
+    )
 
     sabotage = "the positive-control tensor left out of the feed before the state is saved"
     sabotage_targets = ("B",)

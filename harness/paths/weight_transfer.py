@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from harness.device import cuda_available
 from harness.paths.base import ReloadPath
-from harness.requirements import EngineRequirements
+from harness.spec.requirements import EngineRequirements
 
 
 def gpu_shares(backend: str | None, tensor_parallel_size: int, cuda: bool) -> tuple[float, float]:
@@ -56,14 +56,15 @@ class WeightTransferPath(ReloadPath):
     def _connect(self, engine):
         import ray
 
-        from harness.engine.transfer import TrainerActor
+        from harness.arm.transfer import TrainerActor
 
         ranks = len(engine.rpc("refit_harness_ping"))
         fields = self.trainer_fields(1 + ranks)
         _, gpus = gpu_shares(self.backend, ranks, cuda_available())
         # Segments start at A; a sparse trainer diffs against what the engine holds.
-        trainer = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerActor).remote(engine.actor, fields, self.backend,
-                                                                            self.checkpoints.a)
+        trainer = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerActor).remote(
+            engine.actor, fields, self.backend, self.checkpoints.a
+        )
         ray.get(trainer.connect.remote())
         return trainer
 
@@ -82,7 +83,9 @@ def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[Weigh
     """One path class per backend; ``fields`` overrides the trainer init fields when the
     backend's TrainerInitInfo is not the NCCL-style (address, port, world size) one."""
     attrs = {
-        "name": f"transfer_{backend}", "backend": backend, "device": "cuda" if cuda else "any",
+        "name": f"transfer_{backend}",
+        "backend": backend,
+        "device": "cuda" if cuda else "any",
         "requirements": EngineRequirements(kind="ray_llm", weight_transfer_backend=backend),
         "exercises": f"weight transfer, backend '{backend}': {what}",
     }
@@ -91,15 +94,27 @@ def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[Weigh
     return type(f"Transfer{backend.title().replace('_', '')}", (WeightTransferPath,), attrs)
 
 
-TransferGloo = _transfer("gloo", cuda=False, what=(
-    "the harness's CPU twin of nccl (stateless gloo group on loopback), receiving through the same layerwise "
-    "lifecycle: start_weight_update -> update_weights -> model.load_weights -> finish_weight_update"),
+TransferGloo = _transfer(
+    "gloo",
+    cuda=False,
+    what=(
+        "the harness's CPU twin of nccl (stateless gloo group on loopback), receiving through the same layerwise "
+        "lifecycle: start_weight_update -> update_weights -> model.load_weights -> finish_weight_update"
+    ),
     # Port 0: the trainer binds first and hands the kernel-picked port to the workers.
-    fields=lambda world_size: {"rank": 0, "master_address": "127.0.0.1", "master_port": 0, "world_size": world_size})
+    fields=lambda world_size: {"rank": 0, "master_address": "127.0.0.1", "master_port": 0, "world_size": world_size},
+)
 TransferNccl = _transfer("nccl", cuda=True, what="dense NCCL broadcast from the trainer, layerwise reload on receive")
-TransferSparseNccl = _transfer("sparse_nccl", cuda=True, what="sparse patches (changed elements only) over NCCL, applied in place")
+TransferSparseNccl = _transfer(
+    "sparse_nccl", cuda=True, what="sparse patches (changed elements only) over NCCL, applied in place"
+)
 TransferNcclM2n = _transfer("nccl_m2n", cuda=True, what="M-to-N resharding over NCCL")
-TransferIpc = _transfer("ipc", cuda=True, what="CUDA IPC handles to a colocated trainer's tensors",
-                        fields=lambda world_size: {"rank": 0})
-TransferShardedRdt = _transfer("sharded_rdt", cuda=True, what="consumers pull sharded tensors over Ray direct transport",
-                               fields=lambda world_size: {"rank": 0, "num_consumers": world_size - 1})
+TransferIpc = _transfer(
+    "ipc", cuda=True, what="CUDA IPC handles to a colocated trainer's tensors", fields=lambda world_size: {"rank": 0}
+)
+TransferShardedRdt = _transfer(
+    "sharded_rdt",
+    cuda=True,
+    what="consumers pull sharded tensors over Ray direct transport",
+    fields=lambda world_size: {"rank": 0, "num_consumers": world_size - 1},
+)

@@ -11,7 +11,7 @@ from pathlib import Path
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup, escape
 
-from harness.crossbuild import NO_DIFFERENCE, BuildComparison
+from harness.builds.crossbuild import NO_DIFFERENCE, BuildComparison
 from harness.report.style import CSS
 from harness.store import SCHEMA_VERSION, to_jsonable
 
@@ -21,10 +21,17 @@ ICON = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭�
 def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
-    tables = {"verdicts.csv": cmp.verdicts, "tokens.csv": cmp.tokens, "tensor_changes.csv": cmp.status_changes,
-              "values.csv": cmp.values, "hooks.csv": cmp.hooks, "timings.csv": cmp.timings,
-              "throughput.csv": cmp.throughput, "accuracy.csv": cmp.accuracy,
-              "builds.csv": cmp.builds}
+    tables = {
+        "verdicts.csv": cmp.verdicts,
+        "tokens.csv": cmp.tokens,
+        "tensor_changes.csv": cmp.status_changes,
+        "values.csv": cmp.values,
+        "hooks.csv": cmp.hooks,
+        "timings.csv": cmp.timings,
+        "throughput.csv": cmp.throughput,
+        "accuracy.csv": cmp.accuracy,
+        "builds.csv": cmp.builds,
+    }
     for name, rows in tables.items():
         files[name] = _csv(out / name, rows)
     files["expectations.csv"] = out / "expectations.csv"
@@ -33,11 +40,21 @@ def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
         w.writerow(["schema_version", "build", "cells", "expected", "path", "actual", "met"])
         for e in cmp.expectations:
             for path, actual in e.actual or (("", ""),):
-                w.writerow([SCHEMA_VERSION, e.expectation.build, e.expectation.cells, e.expectation.verdict, path,
-                            actual, e.met])
+                w.writerow(
+                    [
+                        SCHEMA_VERSION,
+                        e.expectation.build,
+                        e.expectation.cells,
+                        e.expectation.verdict,
+                        path,
+                        actual,
+                        e.met,
+                    ]
+                )
     files["comparison.json"] = out / "comparison.json"
-    files["comparison.json"].write_text(json.dumps({"schema_version": SCHEMA_VERSION, "exit_code": cmp.exit_code,
-                                                    **to_jsonable(cmp)}, indent=1))
+    files["comparison.json"].write_text(
+        json.dumps({"schema_version": SCHEMA_VERSION, "exit_code": cmp.exit_code, **to_jsonable(cmp)}, indent=1)
+    )
     files["summary.md"] = out / "summary.md"
     files["summary.md"].write_text(render_markdown(cmp))
     files["index.html"] = out / "index.html"
@@ -70,6 +87,7 @@ def _cell(v) -> str:
 
 # --- summary.md ----------------------------------------------------------------------------
 
+
 def render_markdown(cmp: BuildComparison) -> str:
     b, p, b2 = cmp.build("base"), cmp.build("pr"), cmp.build("base2")
     lines = ["## refit-harness: two builds side by side", ""]
@@ -81,35 +99,54 @@ def render_markdown(cmp: BuildComparison) -> str:
     lines += ["", f"**Expectations: {'met' if ok else 'NOT met'}**", ""]
     for e in cmp.expectations:
         got = ", ".join(f"`{path}` {v}" for path, v in e.actual) or ("no cell regressed" if e.implied else "no cell")
-        lines.append(f"- {'✅' if e.met else '❌'} {e.expectation.build}: {e.expectation.verdict} "
-                     f"(cells `{e.expectation.cells}`) — {got}")
-    lines += ["", "| cell | base | " + ("base2 | " if b2 else "") + "pr | outcome |",
-              "|---|---|" + ("---|" if b2 else "") + "---|---|"]
+        lines.append(
+            f"- {'✅' if e.met else '❌'} {e.expectation.build}: {e.expectation.verdict} "
+            f"(cells `{e.expectation.cells}`) — {got}"
+        )
+    lines += [
+        "",
+        "| cell | base | " + ("base2 | " if b2 else "") + "pr | outcome |",
+        "|---|---|" + ("---|" if b2 else "") + "---|---|",
+    ]
     for r in cmp.verdicts:
         cells = [_md_verdict(r.base)] + ([_md_verdict(r.base2)] if b2 else []) + [_md_verdict(r.pr)]
         lines.append(f"| `{r.path}` | " + " | ".join(cells) + f" | {r.outcome} |")
     diff_tokens = [t for t in cmp.tokens if t.outcome == "differs"]
-    lines += ["", f"Greedy tokens on cold B (pr vs base, floor: {cmp.tokens[0].floor_source if cmp.tokens else '-'}): "
-              + (f"{len(diff_tokens)} of {len(cmp.tokens)} prompt(s) differ, first at token "
-                 f"{min(t.first_divergence for t in diff_tokens if t.first_divergence is not None) if any(t.first_divergence is not None for t in diff_tokens) else '-'}"
-                 if diff_tokens else f"{_token_words(cmp.tokens)} over {len(cmp.tokens)} prompt(s)")]
+    lines += [
+        "",
+        f"Greedy tokens on cold B (pr vs base, floor: {cmp.tokens[0].floor_source if cmp.tokens else '-'}): "
+        + (
+            f"{len(diff_tokens)} of {len(cmp.tokens)} prompt(s) differ, first at token "
+            f"{min(t.first_divergence for t in diff_tokens if t.first_divergence is not None) if any(t.first_divergence is not None for t in diff_tokens) else '-'}"
+            if diff_tokens
+            else f"{_token_words(cmp.tokens)} over {len(cmp.tokens)} prompt(s)"
+        ),
+    ]
     deciding = [c for c in cmp.status_changes if c.decides]
     if deciding:
         lines.append(f"Tensor status changes that decide a verdict ({len(deciding)}):")
         for c in deciding[:8]:
             lines.append(f"- `{c.path}` {c.check}: `{c.tensor}` {c.base} → {c.pr}")
     values = [v for v in cmp.values if v.outcome != NO_DIFFERENCE]
-    lines.append(f"Cold-B tensor values that differ between builds beyond the floor: {len(values)}"
-                 + (f" (first: `{values[0].tensor}`, {values[0].outcome})" if values else ""))
+    lines.append(
+        f"Cold-B tensor values that differ between builds beyond the floor: {len(values)}"
+        + (f" (first: `{values[0].tensor}`, {values[0].outcome})" if values else "")
+    )
     for t in cmp.throughput:
-        lines.append(f"Throughput `{t.point}`: base {t.base_median or 0:.1f}, pr {t.pr_median or 0:.1f} tokens/s — "
-                     f"{t.outcome}" + (f"; refit slower than cold B on {t.slower_than_cold}" if t.slower_than_cold else ""))
+        lines.append(
+            f"Throughput `{t.point}`: base {t.base_median or 0:.1f}, pr {t.pr_median or 0:.1f} tokens/s — "
+            f"{t.outcome}" + (f"; refit slower than cold B on {t.slower_than_cold}" if t.slower_than_cold else "")
+        )
     for a in cmp.accuracy:
-        lines.append(f"Accuracy `{a.point}`: base {pct(a.base_accuracy)}, pr {pct(a.pr_accuracy)} — {a.outcome}"
-                     + (f"; refit differs from cold B on {a.differs_from_cold}" if a.differs_from_cold else ""))
+        lines.append(
+            f"Accuracy `{a.point}`: base {pct(a.base_accuracy)}, pr {pct(a.pr_accuracy)} — {a.outcome}"
+            + (f"; refit differs from cold B on {a.differs_from_cold}" if a.differs_from_cold else "")
+        )
     hooks = [h for h in cmp.hooks if h.outcome == "changed"]
-    lines.append(f"Post-load hook classes that changed: {len(hooks)}"
-                 + (" — " + ", ".join(f"`{h.owner}` ({h.kind}) {h.base}→{h.pr}" for h in hooks[:5]) if hooks else ""))
+    lines.append(
+        f"Post-load hook classes that changed: {len(hooks)}"
+        + (" — " + ", ".join(f"`{h.owner}` ({h.kind}) {h.base}→{h.pr}" for h in hooks[:5]) if hooks else "")
+    )
     for n in cmp.notes:
         lines.append(f"> {n}")
     return "\n".join(lines) + "\n"
@@ -125,6 +162,7 @@ def _md_verdict(v: str | None) -> str:
 
 # --- SVG plots -----------------------------------------------------------------------------
 
+
 def svg_layer_bars(rows: tuple[tuple[str, float, float | None], ...]) -> Markup:
     """Largest relative change of a tensor's |max| per layer, pr vs base (and base2 vs base)."""
     if not rows:
@@ -133,25 +171,35 @@ def svg_layer_bars(rows: tuple[tuple[str, float, float | None], ...]) -> Markup:
     top = max([r[1] for r in rows] + [r[2] or 0.0 for r in rows] + [1e-12])
     flat = all(r[1] == 0 and not r[2] for r in rows)
     slot = (w - left - 10) / len(rows)
-    parts = [f"<svg id=\"plot-layers\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>",
-             f"<line x1='{left}' y1='{h - bottom}' x2='{w - 5}' y2='{h - bottom}' stroke='#888'/>",
-             f"<text x='4' y='14' font-size='10'>{top:.3g}</text><text x='4' y='{h - bottom}' font-size='10'>0</text>"]
+    parts = [
+        f"<svg id=\"plot-layers\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>",
+        f"<line x1='{left}' y1='{h - bottom}' x2='{w - 5}' y2='{h - bottom}' stroke='#888'/>",
+        f"<text x='4' y='14' font-size='10'>{top:.3g}</text><text x='4' y='{h - bottom}' font-size='10'>0</text>",
+    ]
     for i, (layer, main, floor) in enumerate(rows):
         x = left + i * slot
         for j, (value, cls) in enumerate(((main, "bar-pr"), (floor, "bar-floor"))):
             if value is None:
                 continue
             bh = (h - bottom - 20) * value / top
-            parts.append(f"<rect class='{cls}' x='{x + 4 + j * slot / 2.5:.1f}' y='{h - bottom - bh:.1f}' "
-                         f"width='{max(slot / 2.5 - 4, 2):.1f}' height='{bh:.1f}'><title>{escape(layer)}: "
-                         f"{value:.3g}</title></rect>")
-        parts.append(f"<text x='{x + slot / 2:.1f}' y='{h - bottom + 14}' font-size='10' text-anchor='middle'>"
-                     f"{escape(layer)}</text>")
+            parts.append(
+                f"<rect class='{cls}' x='{x + 4 + j * slot / 2.5:.1f}' y='{h - bottom - bh:.1f}' "
+                f"width='{max(slot / 2.5 - 4, 2):.1f}' height='{bh:.1f}'><title>{escape(layer)}: "
+                f"{value:.3g}</title></rect>"
+            )
+        parts.append(
+            f"<text x='{x + slot / 2:.1f}' y='{h - bottom + 14}' font-size='10' text-anchor='middle'>"
+            f"{escape(layer)}</text>"
+        )
     if flat:
-        parts.append(f"<text x='{w / 2:.0f}' y='{h / 2 - 10:.0f}' font-size='12' text-anchor='middle'>no tensor value "
-                     "differs in any layer (every bar is 0)</text>")
-    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'><tspan class='lg-pr'>■</tspan> pr vs base  "
-                 "<tspan class='lg-floor'>■</tspan> base2 vs base (floor)</text></svg>")
+        parts.append(
+            f"<text x='{w / 2:.0f}' y='{h / 2 - 10:.0f}' font-size='12' text-anchor='middle'>no tensor value "
+            "differs in any layer (every bar is 0)</text>"
+        )
+    parts.append(
+        f"<text x='{left}' y='{h - 6}' font-size='10'><tspan class='lg-pr'>■</tspan> pr vs base  "
+        "<tspan class='lg-floor'>■</tspan> base2 vs base (floor)</text></svg>"
+    )
     return Markup("".join(parts))
 
 
@@ -166,26 +214,39 @@ def svg_divergence(tokens) -> Markup:
     parts = [f"<svg id=\"plot-divergence\" class=\"plot\" viewBox='0 0 {w} {h}' width='{w}' height='{h}' role='img'>"]
     for i, t in enumerate(tokens):
         y = 16 + i * row
-        parts.append(f"<text x='4' y='{y + 4}' font-size='11'>prompt {t.prompt}</text>"
-                     f"<line x1='{left}' y1='{y}' x2='{left + horizon * scale:.1f}' y2='{y}' stroke='#ccd'/>")
+        parts.append(
+            f"<text x='4' y='{y + 4}' font-size='11'>prompt {t.prompt}</text>"
+            f"<line x1='{left}' y1='{y}' x2='{left + horizon * scale:.1f}' y2='{y}' stroke='#ccd'/>"
+        )
         if t.floor_first_divergence is not None:
             x = left + t.floor_first_divergence * scale
-            parts.append(f"<rect class='mark-floor' x='{x - 3:.1f}' y='{y - 7}' width='6' height='14'>"
-                         f"<title>floor diverges at {t.floor_first_divergence}</title></rect>")
+            parts.append(
+                f"<rect class='mark-floor' x='{x - 3:.1f}' y='{y - 7}' width='6' height='14'>"
+                f"<title>floor diverges at {t.floor_first_divergence}</title></rect>"
+            )
         if t.first_divergence is None:
             parts.append(f"<text x='{left + horizon * scale + 4:.1f}' y='{y + 4}' font-size='10'>✓</text>")
         else:
             x = left + t.first_divergence * scale
-            parts.append(f"<circle class='mark-pr' cx='{x:.1f}' cy='{y}' r='5'><title>pr diverges from base at "
-                         f"token {t.first_divergence}</title></circle>")
-    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>token position 0..{horizon} · "
-                 "<tspan class='lg-pr'>●</tspan> pr vs base · <tspan class='lg-floor'>■</tspan> floor · ✓ identical"
-                 "</text></svg>")
+            parts.append(
+                f"<circle class='mark-pr' cx='{x:.1f}' cy='{y}' r='5'><title>pr diverges from base at "
+                f"token {t.first_divergence}</title></circle>"
+            )
+    parts.append(
+        f"<text x='{left}' y='{h - 6}' font-size='10'>token position 0..{horizon} · "
+        "<tspan class='lg-pr'>●</tspan> pr vs base · <tspan class='lg-floor'>■</tspan> floor · ✓ identical"
+        "</text></svg>"
+    )
     return Markup("".join(parts))
 
 
-def _band_chart(svg_id: str, label_width: int, rows: list[tuple[str, tuple[float, float, str] | None, tuple]],
-                unit: str, band_legend: str) -> Markup:
+def _band_chart(
+    svg_id: str,
+    label_width: int,
+    rows: list[tuple[str, tuple[float, float, str] | None, tuple]],
+    unit: str,
+    band_legend: str,
+) -> Markup:
     """One line per row: its label, an optional shaded band (low, high, tooltip) and a dot per
     build (value, css class), on one shared axis from 0."""
     w, row, left = 640, 26, label_width
@@ -198,14 +259,20 @@ def _band_chart(svg_id: str, label_width: int, rows: list[tuple[str, tuple[float
         parts.append(f"<text x='4' y='{y + 4}' font-size='11'>{escape(label)}</text>")
         if band is not None:
             lo, hi, title = band
-            parts.append(f"<rect class='band' x='{left + lo * scale:.1f}' y='{y - 8}' "
-                         f"width='{max((hi - lo) * scale, 1):.1f}' height='16'><title>{escape(title)}</title></rect>")
+            parts.append(
+                f"<rect class='band' x='{left + lo * scale:.1f}' y='{y - 8}' "
+                f"width='{max((hi - lo) * scale, 1):.1f}' height='16'><title>{escape(title)}</title></rect>"
+            )
         for value, cls in marks:
-            parts.append(f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
-                         f"<title>{value:.1f} {unit}</title></circle>")
-    parts.append(f"<text x='{left}' y='{h - 6}' font-size='10'>{unit} (0..{top:.0f}) · base <tspan class='mark-base'>●</tspan> "
-                 f"base2 <tspan class='mark-floor'>●</tspan> pr <tspan class='mark-pr'>●</tspan> · band: {band_legend}"
-                 "</text></svg>")
+            parts.append(
+                f"<circle class='{cls}' cx='{left + value * scale:.1f}' cy='{y}' r='4'>"
+                f"<title>{value:.1f} {unit}</title></circle>"
+            )
+    parts.append(
+        f"<text x='{left}' y='{h - 6}' font-size='10'>{unit} (0..{top:.0f}) · base <tspan class='mark-base'>●</tspan> "
+        f"base2 <tspan class='mark-floor'>●</tspan> pr <tspan class='mark-pr'>●</tspan> · band: {band_legend}"
+        "</text></svg>"
+    )
     return Markup("".join(parts))
 
 
@@ -224,8 +291,13 @@ def svg_timings(rows) -> Markup:
         if r.base_seconds is not None and r.base2_seconds is not None:
             lo, hi = sorted((r.base_seconds, r.base2_seconds))
             band = (lo, hi, f"base..base2: {lo:.1f}-{hi:.1f} s")
-        lines.append((r.arm[:28], band, _dots((r.base_seconds, "mark-base"), (r.base2_seconds, "mark-floor"),
-                                               (r.pr_seconds, "mark-pr"))))
+        lines.append(
+            (
+                r.arm[:28],
+                band,
+                _dots((r.base_seconds, "mark-base"), (r.base2_seconds, "mark-floor"), (r.pr_seconds, "mark-pr")),
+            )
+        )
     return _band_chart("plot-timings", 190, lines, "seconds", "base..base2")
 
 
@@ -234,11 +306,16 @@ def svg_throughput(rows) -> Markup:
     rows = [r for r in rows if r.base_median is not None or r.pr_median is not None]
     if not rows:
         return Markup("")
-    lines = [(r.point[:22],
-              None if r.band_low is None else (r.band_low, r.band_high,
-                                               f"base/base2 samples: {r.band_low:.1f}-{r.band_high:.1f} tokens/s"),
-              _dots((r.base_median, "mark-base"), (r.base2_median, "mark-floor"), (r.pr_median, "mark-pr")))
-             for r in rows]
+    lines = [
+        (
+            r.point[:22],
+            None
+            if r.band_low is None
+            else (r.band_low, r.band_high, f"base/base2 samples: {r.band_low:.1f}-{r.band_high:.1f} tokens/s"),
+            _dots((r.base_median, "mark-base"), (r.base2_median, "mark-floor"), (r.pr_median, "mark-pr")),
+        )
+        for r in rows
+    ]
     return _band_chart("plot-throughput", 150, lines, "tokens/s", "base and base2 samples")
 
 
@@ -391,13 +468,26 @@ def render_html(cmp: BuildComparison) -> str:
     builds = {b.label: asdict(b) for b in cmp.builds}
     deciding = [c for c in cmp.status_changes if c.decides]
     return _ENV.from_string(TEMPLATE).render(
-        cmp=_view(cmp, builds), base=builds["base"], pr=builds["pr"], base2=builds.get("base2"),
-        met=cmp.exit_code == 0, nmd=NO_DIFFERENCE, deciding=deciding,
+        cmp=_view(cmp, builds),
+        base=builds["base"],
+        pr=builds["pr"],
+        base2=builds.get("base2"),
+        met=cmp.exit_code == 0,
+        nmd=NO_DIFFERENCE,
+        deciding=deciding,
         reported=[c for c in cmp.status_changes if not c.decides],
         measured=[v for v in cmp.values if v.outcome != NO_DIFFERENCE],
         floor_values=[v for v in cmp.values if v.outcome == NO_DIFFERENCE],
-        plot_layers=svg_layer_bars(cmp.layer_change), plot_divergence=svg_divergence(cmp.tokens),
-        plot_timings=svg_timings(cmp.timings), plot_throughput=svg_throughput(cmp.throughput), css=Markup(CSS), js=Markup(JS), num=num, cls=cls, pct=pct)
+        plot_layers=svg_layer_bars(cmp.layer_change),
+        plot_divergence=svg_divergence(cmp.tokens),
+        plot_timings=svg_timings(cmp.timings),
+        plot_throughput=svg_throughput(cmp.throughput),
+        css=Markup(CSS),
+        js=Markup(JS),
+        num=num,
+        cls=cls,
+        pct=pct,
+    )
 
 
 def _view(cmp: BuildComparison, builds: dict):

@@ -10,12 +10,13 @@ import pandas as pd
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
-from harness.evaluation import Evaluation
+from harness.judge.evaluation import Evaluation
+from harness.judge.verdict import FAILING
 from harness.report.style import CSS
-from harness.verdict import FAILING
 
-_ENV = Environment(autoescape=select_autoescape(default=True, default_for_string=True), trim_blocks=True,
-                   lstrip_blocks=True)
+_ENV = Environment(
+    autoescape=select_autoescape(default=True, default_for_string=True), trim_blocks=True, lstrip_blocks=True
+)
 _ENV.filters["g3"] = lambda value: f"{value:.3g}"
 
 # Single-quoted attributes, as the page has always had them (tests and tools look for id='...').
@@ -145,23 +146,40 @@ TEMPLATE = """\
 """
 
 
-def render_html(ev: Evaluation, summary: dict[str, Any], tensors: pd.DataFrame, tokens: pd.DataFrame,
-                consumed: pd.DataFrame, hooks: pd.DataFrame) -> str:
+def render_html(
+    ev: Evaluation,
+    summary: dict[str, Any],
+    tensors: pd.DataFrame,
+    tokens: pd.DataFrame,
+    consumed: pd.DataFrame,
+    hooks: pd.DataFrame,
+) -> str:
     # A path that never ran has no positive-control entry at all.
     paths = {name: {"positive_control": None, **p} for name, p in summary["paths"].items()}
     return _ENV.from_string(TEMPLATE).render(
-        css=Markup(CSS), started=ev.record.started, paths=paths,
-        divergent=[(name, p) for name, p in paths.items()
-                   if p.get("first_divergent_kernel_input") or p.get("first_divergent_tensor")],
+        css=Markup(CSS),
+        started=ev.record.started,
+        paths=paths,
+        divergent=[
+            (name, p)
+            for name, p in paths.items()
+            if p.get("first_divergent_kernel_input") or p.get("first_divergent_tensor")
+        ],
         checkpoints=summary["checkpoints"],
         sabotaged=[(name, p["sabotage"]) for name, p in paths.items() if p.get("sabotage") is not None],
-        accuracy=summary.get("accuracy"), noise=summary["noise_floor"],
+        accuracy=summary.get("accuracy"),
+        noise=summary["noise_floor"],
         unobserved=summary.get("unobserved") or {"count": 0, "items": []},
-        tensors=_non_ok(tensors), tensor_headers=["path", "check", "tensor", "kind", "status", "address moved"],
-        consumed=_consumed(consumed), hooks=_hooks(hooks), tokens=_tokens(tokens),
+        tensors=_non_ok(tensors),
+        tensor_headers=["path", "check", "tensor", "kind", "status", "address moved"],
+        consumed=_consumed(consumed),
+        hooks=_hooks(hooks),
+        tokens=_tokens(tokens),
         reference=summary.get("reference") or {},
-        cold_starts=summary.get("cold_starts", "?"), arms=summary["arms"],
-        environment={**summary["environment"], **{f"checkpoint {k}": v for k, v in summary["checkpoints"].items()}})
+        cold_starts=summary.get("cold_starts", "?"),
+        arms=summary["arms"],
+        environment={**summary["environment"], **{f"checkpoint {k}": v for k, v in summary["checkpoints"].items()}},
+    )
 
 
 def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
@@ -172,24 +190,39 @@ def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
     deciding = bad["status"].isin([s.value for s in FAILING])
     refit = own[own["check"] == "refit"]
     rest = bad[~deciding]
-    return {"deciding": bad[deciding].to_dict("records"), "rest": rest.to_dict("records"),
-            "rest_statuses": sorted(set(rest["status"])), "compared": len(refit),
-            "unjudgeable": int((refit["status"] == "UNJUDGEABLE").sum())}
+    return {
+        "deciding": bad[deciding].to_dict("records"),
+        "rest": rest.to_dict("records"),
+        "rest_statuses": sorted(set(rest["status"])),
+        "compared": len(refit),
+        "unjudgeable": int((refit["status"] == "UNJUDGEABLE").sum()),
+    }
 
 
 def _consumed(consumed: pd.DataFrame) -> dict[str, Any]:
-    bad = consumed[~consumed["status"].isin(["OK", "NOISY", "UNJUDGEABLE"])
-                   & ~consumed["path"].str.contains("~", regex=False)]
-    return {"rows": bad.to_dict("records"), "recorded": len(consumed),
-            "noisy": int((consumed["status"] == "NOISY").sum())}
+    bad = consumed[
+        ~consumed["status"].isin(["OK", "NOISY", "UNJUDGEABLE"]) & ~consumed["path"].str.contains("~", regex=False)
+    ]
+    return {
+        "rows": bad.to_dict("records"),
+        "recorded": len(consumed),
+        "noisy": int((consumed["status"] == "NOISY").sum()),
+    }
 
 
 def _hooks(hooks: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{**r, "stale_derived": [t for t in str(r["stale_derived"]).split() if t != "nan"]}
-            for r in hooks.to_dict("records")]
+    return [
+        {**r, "stale_derived": [t for t in str(r["stale_derived"]).split() if t != "nan"]}
+        for r in hooks.to_dict("records")
+    ]
 
 
 def _tokens(tokens: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{**r, "diverged": not pd.isna(r["first_divergence"]),
-             **{k: None if pd.isna(r.get(k)) else r[k] for k in ("subject_text", "reference_text")}}
-            for r in tokens[tokens["check"] != "noise"].to_dict("records")]
+    return [
+        {
+            **r,
+            "diverged": not pd.isna(r["first_divergence"]),
+            **{k: None if pd.isna(r.get(k)) else r[k] for k in ("subject_text", "reference_text")},
+        }
+        for r in tokens[tokens["check"] != "noise"].to_dict("records")
+    ]

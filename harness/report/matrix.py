@@ -10,18 +10,19 @@ from pathlib import Path
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
-from harness import exit_codes
-from harness.evaluation import Evaluation
+from harness.judge import exit_codes
+from harness.judge.evaluation import Evaluation
 from harness.report.style import CSS
 from harness.report.summary import md_text
-from harness.scenario import CellGroup
+from harness.spec.scenario import CellGroup
 from harness.store import SCHEMA_VERSION, write_atomic
 
 Results = list[tuple[CellGroup, Evaluation]]
 
 
-def matrix_summary(scenario: str, results: Results | dict[str, Results],
-                   comparisons: dict[str, tuple[str, int]] | None = None) -> dict:
+def matrix_summary(
+    scenario: str, results: Results | dict[str, Results], comparisons: dict[str, tuple[str, int]] | None = None
+) -> dict:
     """``results``: one list of (group, evaluation), or one per build name (run order);
     ``comparisons``: group id -> (link to its comparison page, its exit code)."""
     per_build = results if isinstance(results, dict) else {"": results}
@@ -38,8 +39,9 @@ def matrix_summary(scenario: str, results: Results | dict[str, Results],
             if ev.record:
                 control_tensors[group.id] = ev.record.checkpoints.control_tensor
             for v in ev.verdicts:
-                cell = cells.setdefault(f"{v.path}[{group.id}]", {"group": group.id, "path": v.path, "builds": {},
-                                                                  "links": {}})
+                cell = cells.setdefault(
+                    f"{v.path}[{group.id}]", {"group": group.id, "path": v.path, "builds": {}, "links": {}}
+                )
                 cell["builds"][build] = v.status.value
                 cell["links"][build] = f"{build}/{group.id}/index.html" if build else f"{group.id}/index.html"
                 # one build: its verdict; several: the build under review (the last one) decides
@@ -48,10 +50,19 @@ def matrix_summary(scenario: str, results: Results | dict[str, Results],
                 grid.setdefault(group.id, {})[v.path] = v.status.value
     # With builds, expectations decide; an engine that could not run (2) still wins.
     exit_code = exit_codes.combined(codes, [code for _, code in comparisons.values()] if comparisons else None)
-    return {"schema_version": SCHEMA_VERSION, "scenario": scenario, "exit_code": exit_code, "builds": builds,
-            "cells": cells, "groups": groups, "grid": grid, "control_tensors": control_tensors,
-            "comparisons": {g: {"link": link, "expectations_met": code == 0}
-                            for g, (link, code) in (comparisons or {}).items()}}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "scenario": scenario,
+        "exit_code": exit_code,
+        "builds": builds,
+        "cells": cells,
+        "groups": groups,
+        "grid": grid,
+        "control_tensors": control_tensors,
+        "comparisons": {
+            g: {"link": link, "expectations_met": code == 0} for g, (link, code) in (comparisons or {}).items()
+        },
+    }
 
 
 def safe_href(href: str) -> str | None:
@@ -107,14 +118,20 @@ def _markdown(summary: dict, columns: list[str], paths: list[str]) -> str:
     lines = [f"## refit-harness scenario {md_text(summary['scenario'])}", ""]
     if summary.get("grid"):
         lines += ["| cell group | " + " | ".join(md_text(p) for p in paths) + " |", "|---" * (len(paths) + 1) + "|"]
-        lines += [f"| {md_text(g)} | " + " | ".join(row.get(p, "—") for p in paths) + " |"
-                  for g, row in summary["grid"].items()]
+        lines += [
+            f"| {md_text(g)} | " + " | ".join(row.get(p, "—") for p in paths) + " |"
+            for g, row in summary["grid"].items()
+        ]
         lines.append("")
     head = " | ".join(md_text(c) for c in columns) if summary.get("builds") else "verdict"
     lines += [f"| cell | {head} |", "|---|" + "---|" * len(columns)]
-    lines += [f"| {md_text(cell)} | " + " | ".join(c["builds"].get(b, "—") for b in columns) + " |"
-              for cell, c in summary["cells"].items()]
+    lines += [
+        f"| {md_text(cell)} | " + " | ".join(c["builds"].get(b, "—") for b in columns) + " |"
+        for cell, c in summary["cells"].items()
+    ]
     for g, c in summary.get("comparisons", {}).items():
-        lines.append(f"\nComparison {md_text(g)}: expectations {'met' if c['expectations_met'] else '**NOT met**'} "
-                     f"({md_text(c['link'])})")
+        lines.append(
+            f"\nComparison {md_text(g)}: expectations {'met' if c['expectations_met'] else '**NOT met**'} "
+            f"({md_text(c['link'])})"
+        )
     return "\n".join(lines) + "\n"

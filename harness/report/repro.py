@@ -13,16 +13,20 @@ import json
 import os
 from pathlib import Path
 
-from harness.evaluation import Evaluation
-from harness.verdict import VerdictStatus
+from harness.judge.evaluation import Evaluation
+from harness.judge.verdict import VerdictStatus
 
 # path -> (extra LLM(...) arguments, lines that refit `llm` to `b`), public vLLM API only.
 REFITS: dict[str, tuple[dict, str]] = {
     "reload_weights": ({}, 'llm.collective_rpc("reload_weights", kwargs={"weights_path": b})'),
-    "discard_reload": ({}, 'llm.collective_rpc("reset_weights")\n'
-                           '    llm.collective_rpc("reload_weights", kwargs={"weights_path": b})'),
-    "prefix_cache": ({"enable_prefix_caching": True},
-                     'llm.collective_rpc("reload_weights", kwargs={"weights_path": b})\n    llm.reset_prefix_cache()'),
+    "discard_reload": (
+        {},
+        'llm.collective_rpc("reset_weights")\n    llm.collective_rpc("reload_weights", kwargs={"weights_path": b})',
+    ),
+    "prefix_cache": (
+        {"enable_prefix_caching": True},
+        'llm.collective_rpc("reload_weights", kwargs={"weights_path": b})\n    llm.reset_prefix_cache()',
+    ),
     "compiled": ({"enforce_eager": False}, 'llm.collective_rpc("reload_weights", kwargs={"weights_path": b})'),
 }
 
@@ -93,7 +97,8 @@ if __name__ == "__main__":
 
 def is_stock(architecture: str | None) -> bool:
     """Not one of the harness's planted-bug fixtures nor a user's out-of-tree model."""
-    from harness.architectures import EXTRA_MODELS_ENV, FIXTURE_ARCHITECTURES, extra_architectures
+    from harness.settings import EXTRA_MODELS_ENV
+    from harness.spec.architectures import FIXTURE_ARCHITECTURES, extra_architectures
 
     try:
         extra = extra_architectures(os.environ.get(EXTRA_MODELS_ENV))
@@ -119,29 +124,50 @@ def repro_script(ev: Evaluation) -> str | None:
     extra, refit = REFITS[verdict.path]
     e = record.spec.engine
     prompts = record.plan.arms[0].prompts  # as the arms ran them: resolved from the model's vocabulary
-    engine = dict(skip_tokenizer_init=True, dtype=e.dtype, enforce_eager=e.mode == "eager",
-                  kv_cache_memory_bytes=e.kv_cache_memory_bytes, max_model_len=e.max_model_len,
-                  max_num_seqs=e.max_num_seqs, seed=e.seed, tensor_parallel_size=e.tensor_parallel_size)
+    engine = dict(
+        skip_tokenizer_init=True,
+        dtype=e.dtype,
+        enforce_eager=e.mode == "eager",
+        kv_cache_memory_bytes=e.kv_cache_memory_bytes,
+        max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        seed=e.seed,
+        tensor_parallel_size=e.tensor_parallel_size,
+    )
     env = dict(next((a.environment for a in ev.arms if a.environment), ()))
     title = next((r.split(": ", 1)[1] for r in verdict.reasons if r.startswith("known issue on ")), None)
     title = f"vLLM refit finding: {verdict.path} on {architecture}" if title is None else title
-    reason = next((r for r in verdict.reasons if "diverges at token" in r), verdict.reasons[0] if verdict.reasons else "")
+    reason = next(
+        (r for r in verdict.reasons if "diverges at token" in r), verdict.reasons[0] if verdict.reasons else ""
+    )
     return _TEMPLATE.format(
         title=f"refit-harness repro: {verdict.path} on {architecture} ({verdict.status.value})",
-        path=verdict.path, vllm=env.get("vllm", "?"), torch=env.get("torch", "?"), device=env.get("device", "?"),
-        dtype=e.dtype, architecture=architecture, verdict=verdict.status.value,
+        path=verdict.path,
+        vllm=env.get("vllm", "?"),
+        torch=env.get("torch", "?"),
+        device=env.get("device", "?"),
+        dtype=e.dtype,
+        architecture=architecture,
+        verdict=verdict.status.value,
         reason=_wrap(f"{reason} Known as: {title}" if verdict.status is VerdictStatus.XFAIL else reason),
-        a=record.checkpoints.a, b=record.checkpoints.b, prompts=[list(p) for p in prompts.token_ids],
-        engine=engine, max_tokens=prompts.max_tokens, tolerance=_tolerance(ev, verdict.path),
-        cold_engine="ENGINE", warm_engine=f"{{**ENGINE, **{extra!r}}}" if extra else "ENGINE",
-        refit=refit)
+        a=record.checkpoints.a,
+        b=record.checkpoints.b,
+        prompts=[list(p) for p in prompts.token_ids],
+        engine=engine,
+        max_tokens=prompts.max_tokens,
+        tolerance=_tolerance(ev, verdict.path),
+        cold_engine="ENGINE",
+        warm_engine=f"{{**ENGINE, **{extra!r}}}" if extra else "ENGINE",
+        refit=refit,
+    )
 
 
 def _tolerance(ev: Evaluation, path: str) -> float:
     """The harness's logprob tolerance plus the largest difference between two cold starts."""
     comparison = next((c for c in ev.comparisons if c.path == path), None)
-    noise = max((d.max_logprob_diff for d in comparison.tokens if d.check == "noise"), default=0.0) \
-        if comparison else 0.0
+    noise = (
+        max((d.max_logprob_diff for d in comparison.tokens if d.check == "noise"), default=0.0) if comparison else 0.0
+    )
     return round(ev.record.spec.judge.logprob_atol + noise, 6)
 
 

@@ -6,7 +6,7 @@ import html
 from collections import Counter
 from typing import Any
 
-from harness.evaluation import Evaluation
+from harness.judge.evaluation import Evaluation
 from harness.store import SCHEMA_VERSION
 
 
@@ -15,38 +15,76 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for v in ev.verdicts:
         c = comparisons.get(v.path)
-        entry: dict[str, Any] = {"verdict": v.status.value, "reasons": list(v.reasons),
-                                 "first_divergent_tensor": v.first_divergent_tensor,
-                                 "first_divergent_kernel_input": v.first_divergent_kernel_input}
+        entry: dict[str, Any] = {
+            "verdict": v.status.value,
+            "reasons": list(v.reasons),
+            "first_divergent_tensor": v.first_divergent_tensor,
+            "first_divergent_kernel_input": v.first_divergent_kernel_input,
+        }
         so = v.sabotage
-        entry["sabotage"] = None if so is None else {
-            "sabotage": so.sabotage, "evidence": so.evidence, "planted": so.planted, "twin_verdict": so.verdict.value,
-            "caught": so.caught, "detail": so.detail}
+        entry["sabotage"] = (
+            None
+            if so is None
+            else {
+                "sabotage": so.sabotage,
+                "evidence": so.evidence,
+                "planted": so.planted,
+                "twin_verdict": so.verdict.value,
+                "caught": so.caught,
+                "detail": so.detail,
+            }
+        )
         if c is not None:
             entry["cache_hits"] = c.cache_hits
-            entry["tensor_statuses"] = {check: dict(Counter(d.status.value for d in c.tensors if d.check == check))
-                                        for check in ("refit", "idempotency", "round_trip")}
+            entry["tensor_statuses"] = {
+                check: dict(Counter(d.status.value for d in c.tensors if d.check == check))
+                for check in ("refit", "idempotency", "round_trip")
+            }
             entry["first_token_divergence"] = {
-                str(d.prompt): d.first_divergence for d in c.tokens if d.check == "refit"}
+                str(d.prompt): d.first_divergence for d in c.tokens if d.check == "refit"
+            }
             ctl = c.control
-            entry["positive_control"] = None if ctl is None else {
-                "checkpoint_tensor": ctl.checkpoint_tensor, "detected": ctl.detected,
-                "expected_modules": list(ctl.expected_modules), "localized_to": list(ctl.localized),
-                "changed": list(ctl.changed), "tokens_moved": ctl.tokens_moved,
-                "max_logprob_shift": ctl.max_logprob_shift, "first_kernel_input": ctl.first_kernel_input}
+            entry["positive_control"] = (
+                None
+                if ctl is None
+                else {
+                    "checkpoint_tensor": ctl.checkpoint_tensor,
+                    "detected": ctl.detected,
+                    "expected_modules": list(ctl.expected_modules),
+                    "localized_to": list(ctl.localized),
+                    "changed": list(ctl.changed),
+                    "tokens_moved": ctl.tokens_moved,
+                    "max_logprob_shift": ctl.max_logprob_shift,
+                    "first_kernel_input": ctl.first_kernel_input,
+                }
+            )
             entry["consumed_statuses"] = dict(Counter(d.status.value for d in c.consumed))
             entry["hooks_run_on_refit"] = {f"{h.module} ({h.kind})": h.runs for h in c.hooks}
         paths[v.path] = entry
     noise = next(iter(ev.comparisons), None)
     noise_tensors = [d.tensor for d in noise.tensors if d.check == "noise" and d.status.value != "OK"] if noise else []
-    noise_tokens = {str(d.prompt): {"first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff}
-                    for d in noise.tokens if d.check == "noise"} if noise else {}
+    noise_tokens = (
+        {
+            str(d.prompt): {"first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff}
+            for d in noise.tokens
+            if d.check == "noise"
+        }
+        if noise
+        else {}
+    )
     env = dict(next((a.environment for a in ev.arms if a.environment), ()))
     reused = set(ev.record.plan.reused)
-    from harness.throughput import points
+    from harness.judge.throughput import points
 
-    throughput = {p.point: {"median_tokens_per_s": p.median, "spread": p.spread, "samples": list(p.samples),
-                            "slower_than_cold_B": p.slower_than_cold} for p in points(ev.arms)}
+    throughput = {
+        p.point: {
+            "median_tokens_per_s": p.median,
+            "spread": p.spread,
+            "samples": list(p.samples),
+            "slower_than_cold_B": p.slower_than_cold,
+        }
+        for p in points(ev.arms)
+    }
     return {
         "schema_version": SCHEMA_VERSION,
         "exit_code": ev.exit_code,
@@ -56,35 +94,70 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         "cold_starts": sum(a.cold_starts for a in ev.arms if a.arm not in reused),
         "reference": {"key": ev.record.reference_key, "reused": bool(reused)},
         "throughput": throughput,
-        "arms": [{"arm": a.arm, "role": a.role, "paths": list(a.paths), "status": a.status, "error": a.error,
-                  "seconds": a.seconds, "observations": [str(o.label) for o in a.observations],
-                  "cold_starts": a.cold_starts, "reused": a.arm in reused} for a in ev.arms],
-        "checkpoints": {"A": ev.record.checkpoints.a, "B": ev.record.checkpoints.b,
-                        "B_control": ev.record.checkpoints.b_control,
-                        "control_tensor": ev.record.checkpoints.control_tensor,
-                        "control_reason": ev.record.checkpoints.control_reason},
+        "arms": [
+            {
+                "arm": a.arm,
+                "role": a.role,
+                "paths": list(a.paths),
+                "status": a.status,
+                "error": a.error,
+                "seconds": a.seconds,
+                "observations": [str(o.label) for o in a.observations],
+                "cold_starts": a.cold_starts,
+                "reused": a.arm in reused,
+            }
+            for a in ev.arms
+        ],
+        "checkpoints": {
+            "A": ev.record.checkpoints.a,
+            "B": ev.record.checkpoints.b,
+            "B_control": ev.record.checkpoints.b_control,
+            "control_tensor": ev.record.checkpoints.control_tensor,
+            "control_reason": ev.record.checkpoints.control_reason,
+        },
         "unobserved": unobserved_summary(ev),
-        "environment": {**env, "git_sha": ev.record.git_sha, "started": ev.record.started,
-                        "mode": ev.record.spec.engine.mode, "dtype": ev.record.spec.engine.dtype,
-                        "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size},
+        "environment": {
+            **env,
+            "git_sha": ev.record.git_sha,
+            "started": ev.record.started,
+            "mode": ev.record.spec.engine.mode,
+            "dtype": ev.record.spec.engine.dtype,
+            "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size,
+        },
     }
 
 
 def accuracy_summary(ev: Evaluation) -> dict[str, Any] | None:
     """The accuracy probe (``--accuracy``), judged from the records; None without it."""
-    from harness.accuracy import judge_run
+    from harness.judge.accuracy import judge_run
 
     spec = ev.record.spec.accuracy
     j = judge_run(ev.arms, spec)
     if j is None:
         return None
     tokenizers = sorted({c.tokenizer for a in ev.arms for c in a.completions})
-    return {"file": spec.file, "items": len(spec.prompts), "max_tokens": spec.max_tokens, "tokenizer": tokenizers,
-            "discriminating_power": j.discriminates, "outcome": j.summary,
-            "cold_B_correct_range": list(j.cold_range) if j.cold_range else None,
-            "points": [{"point": p.point, "arm": p.arm, "correct": p.correct, "invalid": p.invalid, "total": p.total,
-                        "accuracy": round(p.accuracy, 4), "invalid_rate": round(p.invalid_rate, 4),
-                        "status": p.status} for p in j.points]}
+    return {
+        "file": spec.file,
+        "items": len(spec.prompts),
+        "max_tokens": spec.max_tokens,
+        "tokenizer": tokenizers,
+        "discriminating_power": j.discriminates,
+        "outcome": j.summary,
+        "cold_B_correct_range": list(j.cold_range) if j.cold_range else None,
+        "points": [
+            {
+                "point": p.point,
+                "arm": p.arm,
+                "correct": p.correct,
+                "invalid": p.invalid,
+                "total": p.total,
+                "accuracy": round(p.accuracy, 4),
+                "invalid_rate": round(p.invalid_rate, 4),
+                "status": p.status,
+            }
+            for p in j.points
+        ],
+    }
 
 
 def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
@@ -102,8 +175,15 @@ def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
 
 
 def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
-    icon = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭️", "ERROR": "💥",
-            "XFAIL": "🔕", "XPASS": "❗"}
+    icon = {
+        "PASS": "✅",
+        "FAIL": "❌",
+        "INCONCLUSIVE": "⚠️",
+        "SKIPPED": "⏭️",
+        "ERROR": "💥",
+        "XFAIL": "🔕",
+        "XPASS": "❗",
+    }
     env = summary["environment"]
     lines = [
         "## refit-harness: warm A→B vs cold B",
@@ -120,40 +200,66 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         so = p.get("sabotage")
         so_text = "—" if so is None else ("caught" if so["caught"] else "**not caught**")
         reasons = "<br>".join(md_text(r) for r in p["reasons"][:4]) or "—"
-        lines.append(f"| {md_code(name)} | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | {so_text} | "
-                     f"{md_text(p['first_divergent_tensor'] or '—')} | {reasons} |")
+        lines.append(
+            f"| {md_code(name)} | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | {so_text} | "
+            f"{md_text(p['first_divergent_tensor'] or '—')} | {reasons} |"
+        )
     ck = summary["checkpoints"]
-    lines += ["", f"Positive control: {md_code(ck['control_tensor'])} ({md_text(ck.get('control_reason') or 'given')})."]
+    lines += [
+        "",
+        f"Positive control: {md_code(ck['control_tensor'])} ({md_text(ck.get('control_reason') or 'given')}).",
+    ]
     if summary["unobserved"]["count"]:
         first = summary["unobserved"]["items"][0]
-        lines += ["", f"Unobserved (not judged): {summary['unobserved']['count']} tensor(s)/kernel(s), e.g. "
-                  f"{md_code(first['name'])}: {md_text(first['reason'])}."]
+        lines += [
+            "",
+            f"Unobserved (not judged): {summary['unobserved']['count']} tensor(s)/kernel(s), e.g. "
+            f"{md_code(first['name'])}: {md_text(first['reason'])}.",
+        ]
     for point, t in summary.get("throughput", {}).items():
         flag = " — **slower than cold B** beyond its floor" if t["slower_than_cold_B"] else ""
-        lines.append(f"Throughput {md_code(point)}: {t['median_tokens_per_s']:.1f} tokens/s "
-                     f"(spread {t['spread']:.1f}){flag}")
+        lines.append(
+            f"Throughput {md_code(point)}: {t['median_tokens_per_s']:.1f} tokens/s (spread {t['spread']:.1f}){flag}"
+        )
     lines += accuracy_markdown(summary.get("accuracy"))
     nf = summary["noise_floor"]
-    lines += ["", f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
-              f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s)."]
+    lines += [
+        "",
+        f"Noise floor (cold B twice): {len(nf['differing_tensors'])} differing tensor(s); "
+        f"{sum(1 for t in nf['tokens'].values() if t['first_divergence'] is not None)} diverging prompt(s).",
+    ]
     if summary["reference"]["reused"]:
-        lines += ["", f"Cold-B reference and noise: reused reference `{summary['reference']['key']}` (not cold-started "
-                      f"again); engine cold starts in this run: {summary['cold_starts']}."]
+        lines += [
+            "",
+            f"Cold-B reference and noise: reused reference `{summary['reference']['key']}` (not cold-started "
+            f"again); engine cold starts in this run: {summary['cold_starts']}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def accuracy_markdown(acc: dict[str, Any] | None) -> list[str]:
     if not acc:
         return []
-    lines = ["", f"Accuracy ({acc['items']} item(s) of {md_code(acc['file'])}, exact match, tokenizer "
-             f"{md_text(', '.join(acc['tokenizer']) or '?')}): **{md_text(acc['outcome'])}**"
-             + ("" if acc["discriminating_power"] else " — the damaged copy of B scores no lower than cold B, so this "
-                "eval cannot tell a broken model from a good one; no accuracy result is a pass."),
-             "", "| point | arm | correct | invalid | status |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Accuracy ({acc['items']} item(s) of {md_code(acc['file'])}, exact match, tokenizer "
+        f"{md_text(', '.join(acc['tokenizer']) or '?')}): **{md_text(acc['outcome'])}**"
+        + (
+            ""
+            if acc["discriminating_power"]
+            else " — the damaged copy of B scores no lower than cold B, so this "
+            "eval cannot tell a broken model from a good one; no accuracy result is a pass."
+        ),
+        "",
+        "| point | arm | correct | invalid | status |",
+        "|---|---|---|---|---|",
+    ]
     for p in acc["points"]:
         status = f"**{p['status']}**" if p["status"] == "differs from cold B" else (p["status"] or "—")
-        lines.append(f"| {md_code(p['point'])} | {md_text(p['arm'])} | {p['correct']}/{p['total']} | "
-                     f"{p['invalid']}/{p['total']} | {status} |")
+        lines.append(
+            f"| {md_code(p['point'])} | {md_text(p['arm'])} | {p['correct']}/{p['total']} | "
+            f"{p['invalid']}/{p['total']} | {status} |"
+        )
     return lines
 
 

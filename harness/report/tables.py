@@ -4,33 +4,71 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.evaluation import Evaluation
+from harness.judge.evaluation import Evaluation
 from harness.store import SCHEMA_VERSION
 
-TENSOR_COLUMNS = ["schema_version", "path", "check", "tensor", "kind", "status", "address_moved",
-                  "subject_digest", "reference_digest", "witness_digest"]
-TOKEN_COLUMNS = ["schema_version", "path", "check", "prompt", "first_divergence", "max_logprob_diff",
-                 "subject_tokens", "reference_tokens", "subject_text", "reference_text"]
+TENSOR_COLUMNS = [
+    "schema_version",
+    "path",
+    "check",
+    "tensor",
+    "kind",
+    "status",
+    "address_moved",
+    "subject_digest",
+    "reference_digest",
+    "witness_digest",
+]
+TOKEN_COLUMNS = [
+    "schema_version",
+    "path",
+    "check",
+    "prompt",
+    "first_divergence",
+    "max_logprob_diff",
+    "subject_tokens",
+    "reference_tokens",
+    "subject_text",
+    "reference_text",
+]
 
 
 def tensor_table(ev: Evaluation) -> pd.DataFrame:
     rows = [
-        {"schema_version": SCHEMA_VERSION, "path": c.path, "check": d.check, "tensor": d.tensor, "kind": d.kind,
-         "status": d.status.value, "address_moved": d.address_moved, "subject_digest": d.subject_digest,
-         "reference_digest": d.reference_digest, "witness_digest": d.witness_digest}
-        for c in ev.comparisons for d in c.tensors
+        {
+            "schema_version": SCHEMA_VERSION,
+            "path": c.path,
+            "check": d.check,
+            "tensor": d.tensor,
+            "kind": d.kind,
+            "status": d.status.value,
+            "address_moved": d.address_moved,
+            "subject_digest": d.subject_digest,
+            "reference_digest": d.reference_digest,
+            "witness_digest": d.witness_digest,
+        }
+        for c in ev.comparisons
+        for d in c.tensors
     ]
     return pd.DataFrame(rows, columns=TENSOR_COLUMNS)
 
 
 def token_table(ev: Evaluation) -> pd.DataFrame:
     rows = [
-        {"schema_version": SCHEMA_VERSION, "path": c.path, "check": d.check, "prompt": d.prompt,
-         "first_divergence": d.first_divergence, "max_logprob_diff": d.max_logprob_diff,
-         "subject_tokens": " ".join(map(str, d.subject_tokens)),
-         "reference_tokens": " ".join(map(str, d.reference_tokens)),
-         "subject_text": d.subject_text, "reference_text": d.reference_text}
-        for c in ev.comparisons for d in c.tokens
+        {
+            "schema_version": SCHEMA_VERSION,
+            "path": c.path,
+            "check": d.check,
+            "prompt": d.prompt,
+            "first_divergence": d.first_divergence,
+            "max_logprob_diff": d.max_logprob_diff,
+            "subject_tokens": " ".join(map(str, d.subject_tokens)),
+            "reference_tokens": " ".join(map(str, d.reference_tokens)),
+            "subject_text": d.subject_text,
+            "reference_text": d.reference_text,
+        }
+        for c in ev.comparisons
+        for d in c.tokens
     ]
     df = pd.DataFrame(rows, columns=TOKEN_COLUMNS)
     df["first_divergence"] = df["first_divergence"].astype("Int64")  # keep ints with gaps, not floats
@@ -42,26 +80,56 @@ HOOK_COLUMNS = ["schema_version", "path", "module", "kind", "runs_on_refit", "st
 
 
 def consumed_table(ev: Evaluation) -> pd.DataFrame:
-    rows = [{"schema_version": SCHEMA_VERSION, "path": c.path, "op_index": d.op_index, "op": d.op, "arg": d.arg,
-             "module": d.module, "tensor": d.tensor, "status": d.status.value}
-            for c in ev.comparisons for d in c.consumed]
+    rows = [
+        {
+            "schema_version": SCHEMA_VERSION,
+            "path": c.path,
+            "op_index": d.op_index,
+            "op": d.op,
+            "arg": d.arg,
+            "module": d.module,
+            "tensor": d.tensor,
+            "status": d.status.value,
+        }
+        for c in ev.comparisons
+        for d in c.consumed
+    ]
     return pd.DataFrame(rows, columns=CONSUMED_COLUMNS)
 
 
 def hook_table(ev: Evaluation) -> pd.DataFrame:
-    rows = [{"schema_version": SCHEMA_VERSION, "path": c.path, "module": h.module, "kind": h.kind,
-             "runs_on_refit": h.runs, "stale_derived": " ".join(h.stale_derived)}
-            for c in ev.comparisons for h in c.hooks]
+    rows = [
+        {
+            "schema_version": SCHEMA_VERSION,
+            "path": c.path,
+            "module": h.module,
+            "kind": h.kind,
+            "runs_on_refit": h.runs,
+            "stale_derived": " ".join(h.stale_derived),
+        }
+        for c in ev.comparisons
+        for h in c.hooks
+    ]
     return pd.DataFrame(rows, columns=HOOK_COLUMNS)
 
 
-ACCURACY_COLUMNS = ["schema_version", "point", "arm", "item", "prompt", "answer", "completion", "given", "correct",
-                    "invalid"]
+ACCURACY_COLUMNS = [
+    "schema_version",
+    "point",
+    "arm",
+    "item",
+    "prompt",
+    "answer",
+    "completion",
+    "given",
+    "correct",
+    "invalid",
+]
 
 
 def accuracy_table(ev: Evaluation) -> pd.DataFrame:
     """One row per accuracy item per measured point (``--accuracy``; empty without it)."""
-    from harness.accuracy import extract_answer
+    from harness.judge.accuracy import extract_answer
 
     spec = ev.record.spec.accuracy
     rows = []
@@ -69,9 +137,20 @@ def accuracy_table(ev: Evaluation) -> pd.DataFrame:
         for c in a.completions:
             for i, (prompt, answer, text) in enumerate(zip(spec.prompts, spec.answers, c.texts)):
                 given = extract_answer(text)
-                rows.append({"schema_version": SCHEMA_VERSION, "point": c.label.point, "arm": a.arm,
-                             "item": i, "prompt": prompt, "answer": answer, "completion": text, "given": given,
-                             "correct": given == answer.strip(), "invalid": not given})
+                rows.append(
+                    {
+                        "schema_version": SCHEMA_VERSION,
+                        "point": c.label.point,
+                        "arm": a.arm,
+                        "item": i,
+                        "prompt": prompt,
+                        "answer": answer,
+                        "completion": text,
+                        "given": given,
+                        "correct": given == answer.strip(),
+                        "invalid": not given,
+                    }
+                )
     return pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
 
 

@@ -1,6 +1,6 @@
 """Census of every tensor reachable from a model, with exact digests.
 
-Runs inside the vLLM worker (through ``harness.engine.worker_ext``) but needs only
+Runs inside the vLLM worker (through ``harness.worker.extension``) but needs only
 torch: it is plain module/object walking. Parameters and buffers are the easy part;
 refit bugs live in plain attributes, containers, quant-method and kernel objects,
 which this walk also visits.
@@ -21,9 +21,17 @@ from harness.records import TensorRecord, UnobservedRecord
 
 # Attribute names never walked: torch's own bookkeeping, and per-step state.
 _SKIP_ATTRS = frozenset(
-    {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
-     "_backward_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks",
-     "kv_cache"}
+    {
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_state_dict_hooks",
+        "_load_state_dict_pre_hooks",
+        "kv_cache",
+    }
 )
 # Object types whose attributes are configuration, never kernel state.
 _SKIP_TYPE_PREFIXES = ("vllm.config", "transformers.", "torch.", "builtins", "enum", "logging")
@@ -78,7 +86,7 @@ def _host_chunks(data: torch.Tensor, nbytes: int) -> Iterator[memoryview]:
         return
     rows = max(1, data.shape[0] * _DIGEST_CHUNK_BYTES // nbytes)
     for start in range(0, data.shape[0], rows):
-        yield _bytes_view(data[start:start + rows].contiguous().cpu())
+        yield _bytes_view(data[start : start + rows].contiguous().cpu())
 
 
 def _bytes_view(data: torch.Tensor) -> memoryview:
@@ -236,7 +244,7 @@ def probe_linear_kernels(model: nn.Module, unobserved: list[UnobservedRecord] | 
                 out = method.apply(module, x, None)
                 if not isinstance(out, torch.Tensor):
                     raise TypeError(f"quant_method.apply returned {type(out).__name__}, not a tensor")
-            except Exception as exc:  # noqa: BLE001 - one unprobeable kernel must not end the census
+            except Exception as exc:
                 if unobserved is not None:
                     unobserved.append(UnobservedRecord(name, "kernel", _reason(exc)))
                 continue
@@ -254,8 +262,16 @@ def observe_entry(entry: CensusEntry, rank: int = 0) -> TensorRecord | Unobserve
     try:
         nan_count, absmax = tensor_stats(t)
         return TensorRecord(
-            name=entry.name, kind=entry.kind, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
-            device=str(t.device), address=int(t.data_ptr()) if t.device.type != "meta" else 0,
-            digest=tensor_digest(t), nan_count=nan_count, absmax=absmax, rank=rank)
-    except Exception as exc:  # noqa: BLE001 - e.g. a tensor subclass without storage
+            name=entry.name,
+            kind=entry.kind,
+            dtype=str(t.dtype).removeprefix("torch."),
+            shape=tuple(t.shape),
+            device=str(t.device),
+            address=int(t.data_ptr()) if t.device.type != "meta" else 0,
+            digest=tensor_digest(t),
+            nan_count=nan_count,
+            absmax=absmax,
+            rank=rank,
+        )
+    except Exception as exc:
         return UnobservedRecord(entry.name, entry.kind, _reason(exc), rank=rank)

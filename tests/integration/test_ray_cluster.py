@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import checkpoints
+from harness.checkpoints.tiny import tiny_qwen3
 from harness.loopback import free_ports
 
 pytestmark = [pytest.mark.cpu]
@@ -32,9 +32,14 @@ TRIES = 5
 
 def _node_ports() -> list[str]:
     manager, objects, agent_grpc, agent_http, runtime_env, metrics = free_ports(6)
-    return [f"--node-manager-port={manager}", f"--object-manager-port={objects}",
-            f"--dashboard-agent-grpc-port={agent_grpc}", f"--dashboard-agent-listen-port={agent_http}",
-            f"--runtime-env-agent-port={runtime_env}", f"--metrics-export-port={metrics}"]
+    return [
+        f"--node-manager-port={manager}",
+        f"--object-manager-port={objects}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--dashboard-agent-listen-port={agent_http}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--metrics-export-port={metrics}",
+    ]
 
 
 def _our_processes(marker: str) -> list[int]:
@@ -53,8 +58,12 @@ def two_node_cluster():
     # Ray 2.60's `ray start --head` turns token authentication on, but a joining node and
     # the driver do not pick the token up: a private cluster on loopback goes without.
     # Under load the dashboard agent can take longer than the raylet waits for it (15 s).
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", RAY_agent_register_timeout_ms="120000",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env.update(
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_MODE="disabled",
+        RAY_agent_register_timeout_ms="120000",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     nodes = []
 
     def start(args: list[str], log: Path, extra_env: dict[str, str]) -> None:
@@ -62,10 +71,14 @@ def two_node_cluster():
         # waits for the node's dashboard agent, a Python process that can take longer than that
         # to start on a loaded machine; the node then exits. So: a few tries, each in a process
         # group of its own.
-        for attempt in range(TRIES):
-            proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args],
-                                    env={**env, **extra_env}, stdout=open(log, "a"), stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        for _ in range(TRIES):
+            proc = subprocess.Popen(
+                [RAY, "start", "--block", "--disable-usage-stats", *args],
+                env={**env, **extra_env},
+                stdout=open(log, "a"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             nodes.append(proc)
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and proc.poll() is None:
@@ -76,13 +89,34 @@ def two_node_cluster():
         raise RuntimeError(f"Ray node did not come up in {TRIES} tries; log: {log.read_text(errors='replace')[-3000:]}")
 
     try:
-        start(["--head", f"--port={port}", f"--ray-client-server-port={client_port}", f"--temp-dir={head_tmp}",
-               "--num-cpus=0", "--include-dashboard=false", f"--object-store-memory={512 << 20}", *_node_ports()],
-              root / "head.log", {})
+        start(
+            [
+                "--head",
+                f"--port={port}",
+                f"--ray-client-server-port={client_port}",
+                f"--temp-dir={head_tmp}",
+                "--num-cpus=0",
+                "--include-dashboard=false",
+                f"--object-store-memory={512 << 20}",
+                *_node_ports(),
+            ],
+            root / "head.log",
+            {},
+        )
         address = f"127.0.0.1:{port}"
-        start([f"--address={address}", f"--temp-dir={worker_tmp}", "--num-cpus=2",
-               '--resources={"refit_worker": 2}', f"--memory={12 << 30}", f"--object-store-memory={512 << 20}",
-               *_node_ports()], root / "worker.log", {"REFIT_HARNESS_STAGE_DIR": str(stage)})
+        start(
+            [
+                f"--address={address}",
+                f"--temp-dir={worker_tmp}",
+                "--num-cpus=2",
+                '--resources={"refit_worker": 2}',
+                f"--memory={12 << 30}",
+                f"--object-store-memory={512 << 20}",
+                *_node_ports(),
+            ],
+            root / "worker.log",
+            {"REFIT_HARNESS_STAGE_DIR": str(stage)},
+        )
         yield {"address": address, "stage": stage, "env": env, "root": root}
     finally:
         for proc in reversed(nodes):  # exactly the process groups this fixture started
@@ -118,14 +152,35 @@ def test_arms_run_on_a_second_node_and_return_through_the_object_store(two_node_
     cluster = two_node_cluster
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--model", str(checkpoints.tiny_qwen3()), "--paths",
-         "reload_weights", "--ray-address", cluster["address"], "--ray-resource", "refit_worker=1", "--out", str(out)],
-        capture_output=True, text=True, timeout=1200, env=cluster["env"])
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--model",
+            str(tiny_qwen3()),
+            "--paths",
+            "reload_weights",
+            "--ray-address",
+            cluster["address"],
+            "--ray-resource",
+            "refit_worker=1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=cluster["env"],
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["paths"]["reload_weights"]["verdict"] == "PASS", summary["paths"]
-    ran = [json.loads((out / "arms" / f"{a['arm']}.result.json").read_text())["data"]
-           for a in summary["arms"] if not a["reused"]]
+    ran = [
+        json.loads((out / "arms" / f"{a['arm']}.result.json").read_text())["data"]
+        for a in summary["arms"]
+        if not a["reused"]
+    ]
     assert ran and all(a["status"] == "ok" for a in ran)
     nodes = {dict(map(tuple, a["environment"]))["ray_node"] for a in ran}
     assert len(nodes) == 1  # the head offers no CPU: every arm ran on the worker, by its resource

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import checkpoints
-from harness.reference import reuse_by_default
+from harness.checkpoints.tiny import tiny_qwen3
+from harness.orchestrate.reference import reuse_by_default
 
 pytestmark = [pytest.mark.cpu]
 
@@ -14,8 +14,10 @@ pytestmark = [pytest.mark.cpu]
 def test_a_second_run_on_the_same_b_reuses_the_reference_and_still_judges(run_oracle):
     if not reuse_by_default():
         pytest.skip("reference reuse is off (--refit-fresh-reference)")
-    model = str(checkpoints.tiny_qwen3())
-    first = run_oracle("stock", "--model", model, "--paths", "all", "--sabotage")  # the same run as test_oracle_reload's
+    model = str(tiny_qwen3())
+    first = run_oracle(
+        "stock", "--model", model, "--paths", "all", "--sabotage"
+    )  # the same run as test_oracle_reload's
     key = first.summary["reference"]["key"]
     assert key, first.output
     second = run_oracle("reuse-reload_weights", "--model", model, "--paths", "reload_weights")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import checkpoints
+from harness.checkpoints.tiny import TINY_QWEN3, tiny_qwen3
 
 pytestmark = [pytest.mark.cpu]
 
@@ -24,16 +24,30 @@ def _head_dim_16(dest: Path) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(**{**checkpoints.TINY_QWEN3, "head_dim": 16, "num_attention_heads": 8,
-                            "num_key_value_heads": 4})
+    config = Qwen3Config(**{**TINY_QWEN3, "head_dim": 16, "num_attention_heads": 8, "num_key_value_heads": 4})
     Qwen3ForCausalLM(config).eval().save_pretrained(str(dest), safe_serialization=True)
     return dest
 
 
 def _run(model: Path | str, out: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--model", str(model), "--out", str(out),
-                           "--paths", "reload_weights"], capture_output=True, text=True, timeout=900,
-                          env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--paths",
+            "reload_weights",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     return proc, json.loads((out / "summary.json").read_text())["paths"]["reload_weights"]
 
 
@@ -42,15 +56,16 @@ def test_an_engine_vllm_refuses_is_skipped_with_its_reason(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert path["verdict"] == "SKIPPED", path
     reason = path["reasons"][0]
-    assert reason.startswith("vLLM cannot start this engine here: RuntimeError: Unsupported CPU attention "
-                             "configuration: head_dim=16"), reason
+    assert reason.startswith(
+        "vLLM cannot start this engine here: RuntimeError: Unsupported CPU attention configuration: head_dim=16"
+    ), reason
 
 
 def test_a_refusal_raised_outside_vllm_stays_an_error(tmp_path):
     import os
 
     env = dict(os.environ, REFIT_HARNESS_PLANTED_FAULT="unsupported:1")  # the cold start's own load
-    model = checkpoints.tiny_qwen3(architecture="FaultyReloadQwen3ForCausalLM")
+    model = tiny_qwen3(architecture="FaultyReloadQwen3ForCausalLM")
     proc, path = _run(model, tmp_path / "out", env)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert path["verdict"] == "ERROR", path

@@ -12,8 +12,8 @@ import sys
 import pandas as pd
 import pytest
 
-from harness import checkpoints
-from harness.spec import PROMPT_QUESTIONS
+from harness.checkpoints.tiny import tiny_qwen3
+from harness.spec.prompts import PROMPT_QUESTIONS
 
 pytestmark = [pytest.mark.cpu]
 
@@ -21,13 +21,28 @@ pytestmark = [pytest.mark.cpu]
 def test_text_prompts_run_and_the_report_shows_the_decoded_outputs(tmp_path):
     from tokenizers import Tokenizer
 
-    from harness.engine.tokenize import char_tokenizer
+    from harness.tokenizer import char_tokenizer
 
     model, out = tmp_path / "model", tmp_path / "out"
-    shutil.copytree(checkpoints.tiny_qwen3(), model)
+    shutil.copytree(tiny_qwen3(), model)
     char_tokenizer().save(str(model / "tokenizer.json"))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--model", str(model), "--out", str(out),
-                           "--paths", "reload_weights"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--paths",
+            "reload_weights",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = json.loads((out / "run.json").read_text())["data"]["plan"]["arms"][0]["prompts"]
     assert all(t.endswith(" " + q) for t, q in zip(plan["texts"], PROMPT_QUESTIONS)), plan["texts"]

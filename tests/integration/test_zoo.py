@@ -12,11 +12,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from harness.zoo import FAMILIES
+from harness.checkpoints.zoo import FAMILIES
 
 pytestmark = [pytest.mark.cpu]
 TESTED = tuple(f.label for f in FAMILIES if f.label != "qwen3")
@@ -32,9 +31,22 @@ def zoo(run_oracle):
     # And the prefix-cache path on DeepSeek-V2 (MLA), which vLLM's CPU backend turns off, and on
     # Mamba2, which it cannot generate with (a measured hang the harness does not start); and the
     # kernel-format reload on NemotronH, whose checkpoint names are not the model's.
-    return run_oracle("zoo-reload", "-s", "zoo", *only, "--only", "compiled[llama-*",
-                      "--only", "reload_kernel_format[qwen3-moe-*", "--only", "prefix_cache[deepseek-v2-*",
-                      "--only", "prefix_cache[mamba2-*", "--only", "reload_kernel_format[nemotron-h-*")
+    return run_oracle(
+        "zoo-reload",
+        "-s",
+        "zoo",
+        *only,
+        "--only",
+        "compiled[llama-*",
+        "--only",
+        "reload_kernel_format[qwen3-moe-*",
+        "--only",
+        "prefix_cache[deepseek-v2-*",
+        "--only",
+        "prefix_cache[mamba2-*",
+        "--only",
+        "reload_kernel_format[nemotron-h-*",
+    )
 
 
 def grid(run) -> dict:
@@ -95,8 +107,9 @@ def test_qwen3_moe_repro_reproduces_the_divergence_with_vllm_alone(zoo, tmp_path
     assert "harness" not in text.replace("refit-harness", "")  # imports only vLLM
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["VLLM_PLUGINS"] = ""  # not even the harness's vLLM plugin is loaded
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("prompt ")]
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     # The prompts the arms ran, resolved from the model's vocabulary (the spec leaves them to it).
@@ -123,8 +136,11 @@ def test_a_parameter_saved_under_its_alias_is_reloaded_in_kernel_format(zoo):
     the kernel-format reload only names from deduplicated ``named_parameters()``, which lists
     ``mlp.gate.weight`` alone: the router was left STALE, a FAIL made by the harness. Every
     tensor but the known-corrupted experts must now match cold B."""
-    rows = [r for r in csv.DictReader((zoo.out / group("qwen3-moe") / "tensors.csv").open())
-            if r["path"] == "reload_kernel_format" and r["check"] == "refit"]
+    rows = [
+        r
+        for r in csv.DictReader((zoo.out / group("qwen3-moe") / "tensors.csv").open())
+        if r["path"] == "reload_kernel_format" and r["check"] == "refit"
+    ]
     gate = [r for r in rows if r["tensor"].endswith("mlp.gate.weight")]
     assert gate and all(r["status"] == "OK" for r in gate), gate
     wrong = {r["tensor"] for r in rows if r["status"] in ("STALE", "CORRUPT", "MISSING")}

@@ -7,18 +7,23 @@ import dataclasses
 from pathlib import Path
 
 from harness import store
-from harness.checkpoints import CheckpointSet
-from harness.engine.runner import arm_files
-from harness.evaluation import RunRecord
+from harness.judge.evaluation import RunRecord
 from harness.paths import PATHS
 from harness.plan import PathNeeds, make_plan
-from harness.spec import RunSpec
+from harness.settings import arm_files
+from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.run import RunSpec
 from tests.records import A, B, arm, obs, segment
 
 
-def write_run(out: Path, paths=("reload_weights", "http_reload"), tensor_names: dict[str, str] | None = None,
-              errors: dict[str, str] | None = None, failed: dict[str, tuple[str, str]] | None = None,
-              drop: dict[str, tuple[str, ...]] | None = None) -> RunRecord:
+def write_run(
+    out: Path,
+    paths=("reload_weights", "http_reload"),
+    tensor_names: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None,
+    failed: dict[str, tuple[str, str]] | None = None,
+    drop: dict[str, tuple[str, ...]] | None = None,
+) -> RunRecord:
     """Every arm finished and every path passes, unless ``errors`` (arm name -> error text),
     ``failed`` (arm name -> (failed path, failed step)) or ``drop`` (path -> missing labels) say
     otherwise. ``tensor_names`` renames the synthetic tensors (e.g. to hostile names)."""

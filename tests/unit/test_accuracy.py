@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from harness.accuracy import (DIFFERS, NO_POWER, SAME, AccuracyFileError, extract_answer, judge_accuracy,
-                              read_accuracy_file)
-from harness.crossbuild import NO_DIFFERENCE, compare_builds
+from harness.builds.crossbuild import NO_DIFFERENCE, compare_builds
+from harness.errors import AccuracyFileError
+from harness.judge.accuracy import DIFFERS, NO_POWER, SAME, extract_answer, judge_accuracy, read_accuracy_file
 from harness.records import ArmResult, Completions
-from harness.spec import AccuracySpec
+from harness.spec.run import AccuracySpec
 from tests.records import probe
 from tests.unit.test_crossbuild import evaluation
 
@@ -31,19 +31,29 @@ def texts(right: int, invalid: int = 0) -> tuple[str, ...]:
 
 
 def arm(name: str, role: str, point: str, completions: tuple[str, ...]) -> ArmResult:
-    return ArmResult(arm=name, role=role, paths=("p",) if role == "subject" else (), status="ok", error=None,
-                     observations=(), seconds=1.0,
-                     completions=(Completions(label=probe("accuracy", point), tokenizer="test", texts=completions),))
+    return ArmResult(
+        arm=name,
+        role=role,
+        paths=("p",) if role == "subject" else (),
+        status="ok",
+        error=None,
+        observations=(),
+        seconds=1.0,
+        completions=(Completions(label=probe("accuracy", point), tokenizer="test", texts=completions),),
+    )
 
 
 def arms(cold=4, noise=None, damaged=0, warm=4):
-    return (arm("reference", "reference", "cold_B", texts(cold)),
-            arm("noise", "noise", "cold_B", texts(cold if noise is None else noise)),
-            arm("damaged", "damaged", "cold_B_damaged", texts(damaged)),
-            arm("subject-p", "subject", "p", texts(warm)))
+    return (
+        arm("reference", "reference", "cold_B", texts(cold)),
+        arm("noise", "noise", "cold_B", texts(cold if noise is None else noise)),
+        arm("damaged", "damaged", "cold_B_damaged", texts(damaged)),
+        arm("subject-p", "subject", "p", texts(warm)),
+    )
 
 
 # --- the file ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fields", [("question", "answer"), ("input", "target"), ("prompt", "answer")])
 def test_lm_eval_style_field_names_are_read(tmp_path, fields):
@@ -54,16 +64,19 @@ def test_lm_eval_style_field_names_are_read(tmp_path, fields):
     assert spec.prompts == ("2+3=", "1+1=") and spec.answers == ("5", " 2 ") and spec.file == str(f)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "no items"),
-    ("\n  \n", "no items"),
-    ('{"question": "q"}\n', "line 1: needs a prompt and its answer"),
-    ('{"question": "q", "answer": "a"}\nnot json\n', "line 2: not JSON"),
-    ('["q", "a"]\n', "a JSON object is expected"),
-    ('{"question": "  ", "answer": "a"}\n', "'question' must be a non-empty string"),
-    ('{"input": "q", "target": ""}\n', "'target' must be a non-empty string or number"),
-    ('{"input": "q", "target": ["a"]}\n', "'target' must be a non-empty string or number"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "no items"),
+        ("\n  \n", "no items"),
+        ('{"question": "q"}\n', "line 1: needs a prompt and its answer"),
+        ('{"question": "q", "answer": "a"}\nnot json\n', "line 2: not JSON"),
+        ('["q", "a"]\n', "a JSON object is expected"),
+        ('{"question": "  ", "answer": "a"}\n', "'question' must be a non-empty string"),
+        ('{"input": "q", "target": ""}\n', "'target' must be a non-empty string or number"),
+        ('{"input": "q", "target": ["a"]}\n', "'target' must be a non-empty string or number"),
+    ],
+)
 def test_bad_files_are_refused_naming_the_line(tmp_path, content, message):
     f = tmp_path / "items.jsonl"
     f.write_text(content)
@@ -75,11 +88,14 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "cannot read it"),
-    ("", "no items"),
-    ('{"question": "what?"}\n', "needs a prompt and its answer"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot read it"),
+        ("", "no items"),
+        ('{"question": "what?"}\n', "needs a prompt and its answer"),
+    ],
+)
 def test_bad_accuracy_file_is_one_line_and_exit_2_before_any_engine(tmp_path, content, message):
     f = tmp_path / "items.jsonl"
     if content is not None:
@@ -97,17 +113,20 @@ def test_a_model_without_a_tokenizer_and_too_small_a_vocabulary_is_refused(tmp_p
     (model / "config.json").write_text('{"vocab_size": 50}')
     items = tmp_path / "items.jsonl"
     items.write_text('{"question": "1+1=", "answer": "2"}\n')
-    proc = cli("run", "--model", str(model), "--accuracy", str(items), "--executor", "local",
-               "--out", str(tmp_path / "o"))
+    proc = cli(
+        "run", "--model", str(model), "--accuracy", str(items), "--executor", "local", "--out", str(tmp_path / "o")
+    )
     assert proc.returncode == 2, proc.stderr
     assert "--accuracy needs a tokenizer" in proc.stderr and "Traceback" not in proc.stderr
     (model / "tokenizer.json").write_text("{}")  # its own tokenizer: the check passes (then B cannot be made)
-    proc = cli("run", "--model", str(model), "--accuracy", str(items), "--executor", "local",
-               "--out", str(tmp_path / "o2"))
+    proc = cli(
+        "run", "--model", str(model), "--accuracy", str(items), "--executor", "local", "--out", str(tmp_path / "o2")
+    )
     assert proc.returncode == 2 and "needs a tokenizer" not in proc.stderr, proc.stderr
 
 
 # --- the judge -----------------------------------------------------------------------------
+
 
 def test_answers_are_the_first_line_and_an_empty_one_is_invalid():
     assert extract_answer(" 42 \nQuestion: 1+1") == "42"
@@ -156,11 +175,11 @@ SPEC = AccuracySpec(file="f.jsonl", prompts=("2+3=", "1+1="), answers=("5", "2")
 
 
 def test_plan_measures_cold_b_after_the_first_refit_and_on_a_damaged_b():
-    from harness.checkpoints import CheckpointSet
-    from harness.requirements import EngineRequirements
     from harness.plan import Observe, PathNeeds, Probe, make_plan
     from harness.records import ObservationLabel
-    from harness.spec import RunSpec, ThroughputSpec
+    from harness.spec.checkpoint_set import CheckpointSet
+    from harness.spec.requirements import EngineRequirements
+    from harness.spec.run import RunSpec, ThroughputSpec
 
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="t", b_damaged="/d")
     needs = {p: PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A")) for p in ("x", "y")}
@@ -172,10 +191,13 @@ def test_plan_measures_cold_b_after_the_first_refit_and_on_a_damaged_b():
     warm_b = ObservationLabel("warm_B", "x")
     assert ref.steps[-1] == Probe(probe("accuracy", "cold_B")) and noise.steps == ref.steps
     at = subject.steps.index(Probe(probe("accuracy", "x")))
-    assert subject.steps[at - 2:at] == (Observe(warm_b), Probe(probe("throughput", "x")))
+    assert subject.steps[at - 2 : at] == (Observe(warm_b), Probe(probe("throughput", "x")))
     assert sum(isinstance(s, Probe) and s.label.probe == "accuracy" for s in subject.steps) == 1
-    assert (damaged.role, damaged.start, damaged.steps) == ("damaged", "B_damaged",
-                                                             (Probe(probe("accuracy", "cold_B_damaged")),))
+    assert (damaged.role, damaged.start, damaged.steps) == (
+        "damaged",
+        "B_damaged",
+        (Probe(probe("accuracy", "cold_B_damaged")),),
+    )
     assert damaged.cold_label == ObservationLabel("cold_B_damaged") and cs.directory(damaged.start) == "/d"
     assert ref.accuracy.prompts == SPEC.prompts and not hasattr(ref.accuracy, "answers")  # arms never see answers
 
@@ -195,10 +217,10 @@ def test_reference_key_covers_the_accuracy_prompts_not_the_answers(tmp_path, mon
 
 # --- the character-level tokenizer ---------------------------------------------------------
 
+
 def test_char_tokenizer_round_trips_and_fits_the_tiny_vocabulary():
-    from harness.accuracy import CHAR_VOCAB
-    from harness.checkpoints import TINY_QWEN3
-    from harness.engine.tokenize import char_tokenizer
+    from harness.checkpoints.tiny import TINY_QWEN3
+    from harness.tokenizer import CHAR_VOCAB, char_tokenizer
 
     tok = char_tokenizer()
     text = "What is 2 + 3?\nAnswer: 5"
@@ -211,12 +233,15 @@ def test_char_tokenizer_round_trips_and_fits_the_tiny_vocabulary():
 
 # --- reports and builds --------------------------------------------------------------------
 
-def with_accuracy(ev, cold=4, noise=None, damaged=0, warm=4, spec=dataclasses.replace(SPEC, prompts=("a",) * 4,
-                                                                                     answers=ANSWERS)):
+
+def with_accuracy(
+    ev, cold=4, noise=None, damaged=0, warm=4, spec=dataclasses.replace(SPEC, prompts=("a",) * 4, answers=ANSWERS)
+):
     made = arms(cold, noise, damaged, warm)
     by_role = {a.role: a for a in made}
-    runs = tuple(dataclasses.replace(a, completions=by_role[a.role].completions)
-                 for a in ev.arms) + (by_role["damaged"],)
+    runs = tuple(dataclasses.replace(a, completions=by_role[a.role].completions) for a in ev.arms) + (
+        by_role["damaged"],
+    )
     record = dataclasses.replace(ev.record, spec=dataclasses.replace(ev.record.spec, accuracy=spec))
     return dataclasses.replace(ev, arms=runs, record=record)
 
@@ -247,8 +272,9 @@ def test_crossbuild_accuracy_delta_inside_the_floor_is_no_measurable_difference(
     rows = {r.point: r for r in same.accuracy}
     assert rows["cold_B"].outcome == NO_DIFFERENCE and rows["p"].outcome == NO_DIFFERENCE
     assert rows["p"].delta == pytest.approx(0.25) and not rows["p"].differs_from_cold
-    lower = {r.point: r for r in compare_builds(base, with_accuracy(evaluation(), cold=2, damaged=0, warm=1),
-                                                base2).accuracy}
+    lower = {
+        r.point: r for r in compare_builds(base, with_accuracy(evaluation(), cold=2, damaged=0, warm=1), base2).accuracy
+    }
     assert lower["cold_B"].outcome == "lower" and lower["p"].outcome == "lower"
     assert lower["p"].differs_from_cold == "pr"  # pr's refit scored 1, its own cold B 2
 
@@ -259,7 +285,7 @@ def test_crossbuild_accuracy_without_discriminating_power_says_so():
     base = with_accuracy(evaluation(), cold=0, damaged=0, warm=0)
     cmp = compare_builds(base, with_accuracy(evaluation(), cold=2, damaged=2, warm=1), base)
     assert {r.outcome for r in cmp.accuracy} == {NO_POWER}
-    assert f"— {NO_POWER}" in render_markdown(cmp) and "id=\"t-accuracy\"" in render_html(cmp)
+    assert f"— {NO_POWER}" in render_markdown(cmp) and 'id="t-accuracy"' in render_html(cmp)
     other = with_accuracy(evaluation(), spec=dataclasses.replace(SPEC, prompts=("b",) * 4, answers=ANSWERS))
     cmp = compare_builds(base, other)
     assert cmp.accuracy == () and any("different --accuracy items" in n for n in cmp.notes)

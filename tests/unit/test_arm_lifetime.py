@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 # engine core. It prints both pids, then waits forever.
 ARM = textwrap.dedent("""
     import subprocess, sys, time
-    from harness.engine.arm_process import die_with_parent_and_deadline
+    from harness.arm.process import die_with_parent_and_deadline
     die_with_parent_and_deadline(float(sys.argv[1]))
     core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print(f"{__import__('os').getpid()} {core.pid}", flush=True)
@@ -43,8 +43,12 @@ def _alive(pid: int) -> bool:
 
 
 def _start(deadline_s: float) -> tuple[subprocess.Popen, int, int]:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, ARM, str(deadline_s)], stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, ARM, str(deadline_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     arm, core = map(int, parent.stdout.readline().split())
     assert _alive(arm) and _alive(core)
     return parent, arm, core

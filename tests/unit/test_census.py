@@ -45,10 +45,17 @@ def test_walk_reaches_hidden_tensors():
     model = nn.Sequential(Hidden())
     names = {e.name: e.kind for e in walk_model(model)}
     expected = {
-        "0.weight": "parameter", "0.buf": "buffer", "0.copy": "attribute", "0.sneaky": "attribute",
-        "0.listed[0]": "attribute", "0.listed[1][0]": "attribute", "0.keyed['a']": "attribute",
-        "0.quant_method.workspace": "object", "0.quant_method.kernel.scale": "object",
-        "0.quant_method.kernel.strides[0]": "object", "0.bound<partial>.args[0]": "closure",
+        "0.weight": "parameter",
+        "0.buf": "buffer",
+        "0.copy": "attribute",
+        "0.sneaky": "attribute",
+        "0.listed[0]": "attribute",
+        "0.listed[1][0]": "attribute",
+        "0.keyed['a']": "attribute",
+        "0.quant_method.workspace": "object",
+        "0.quant_method.kernel.scale": "object",
+        "0.quant_method.kernel.strides[0]": "object",
+        "0.bound<partial>.args[0]": "closure",
         "0.kernel_fn<closure>.packed": "closure",
         "0.packed": "attribute",
     }
@@ -160,7 +167,7 @@ def test_a_tensor_that_cannot_be_digested_is_unobserved():
 
 
 def test_checkpoint_names_are_mapped_with_vllms_own_weights_mapper():
-    from harness.engine.worker_ext import _vllm_names
+    from harness.worker.extension import _vllm_names
 
     class Mapper:  # vLLM's WeightsMapper(orig_to_new_prefix={"backbone": "model", "mtp": None})
         def map_name(self, key):

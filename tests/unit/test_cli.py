@@ -6,15 +6,20 @@ import pytest
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (("run", "--model", "/no/such/dir", "--out", "{tmp}/o"), "checkpoint directory not found: /no/such/dir"),
-    (("run", "--paths", "nope", "--out", "{tmp}/o"), "unknown reload path 'nope'. Available: ["),
-    (("run", "--tp", "x"), "argument --tp: invalid int value"),
-    (("report", "{tmp}"), "is not a report directory"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("run", "--model", "/no/such/dir", "--out", "{tmp}/o"), "checkpoint directory not found: /no/such/dir"),
+        (("run", "--paths", "nope", "--out", "{tmp}/o"), "unknown reload path 'nope'. Available: ["),
+        (("run", "--tp", "x"), "argument --tp: invalid int value"),
+        (("report", "{tmp}"), "is not a report directory"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = cli(*(a.format(tmp=tmp_path) for a in args))
     assert proc.returncode == 2, proc.stderr
@@ -45,11 +50,28 @@ def test_a_mismatched_target_or_a_missing_control_tensor_is_exit_2_before_any_en
     b = _checkpoint(tmp_path / "B", {"model.layers.0.input_layernorm.weight": (8,), "w": (8, 5)})
     env_cache = {"REFIT_HARNESS_CACHE": str(tmp_path / "cache")}
     for args, message in (
-            (("--target", str(b)), "--target " + str(b) + ": tensor 'w' is F32 [8, 5], A's is F32 [8, 4]"),
-            (("--control-tensor", "model.norm.weight"), "positive-control tensor 'model.norm.weight' is not in")):
-        proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--model", str(a), *args, "--executor",
-                               "local", "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, **env_cache})
+        (("--target", str(b)), "--target " + str(b) + ": tensor 'w' is F32 [8, 5], A's is F32 [8, 4]"),
+        (("--control-tensor", "model.norm.weight"), "positive-control tensor 'model.norm.weight' is not in"),
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness.cli",
+                "run",
+                "--model",
+                str(a),
+                *args,
+                "--executor",
+                "local",
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env_cache},
+        )
         assert proc.returncode == 2, proc.stderr
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("refit-harness: error:")]
         assert len(errors) == 1 and message in errors[0], proc.stderr

@@ -1,9 +1,15 @@
 import math
 
-from harness.compare import (TensorStatus, compare_control, compare_outputs, compare_path, compare_tensors,
-                             control_targets)
+from harness.judge.diff import (
+    TensorStatus,
+    compare_control,
+    compare_outputs,
+    compare_path,
+    compare_tensors,
+    control_targets,
+)
 from harness.records import ObservationLabel
-from tests.records import A, B, EXPECTED, QWEN_PACKED, arm, obs, output, segment, subject, tensor
+from tests.records import EXPECTED, QWEN_PACKED, A, B, arm, obs, output, segment, subject, tensor
 
 
 def statuses(diffs):
@@ -15,8 +21,13 @@ def test_value_statuses_against_reference_and_witness():
     ref = obs("cold_B", {"ok": "b1", "stale": "b2", "corrupt": "b3", "missing": "m"})
     wit = obs("cold_A", {"ok": "a1", "stale": "a2", "corrupt": "a3", "missing": "m"})
     got = statuses(compare_tensors("refit", warm, ref, witness=wit))
-    assert got == {"ok": TensorStatus.OK, "stale": TensorStatus.STALE, "corrupt": TensorStatus.CORRUPT,
-                   "missing": TensorStatus.MISSING, "extra": TensorStatus.EXTRA}
+    assert got == {
+        "ok": TensorStatus.OK,
+        "stale": TensorStatus.STALE,
+        "corrupt": TensorStatus.CORRUPT,
+        "missing": TensorStatus.MISSING,
+        "extra": TensorStatus.EXTRA,
+    }
 
 
 def test_moved_address_is_rebound_only_when_value_is_right():
@@ -61,15 +72,22 @@ def test_nan_logprob_is_infinite_difference():
 
 def test_control_targets_follow_packed_modules():
     assert control_targets("model.layers.0.self_attn.q_proj.weight", QWEN_PACKED) == (
-        "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.qkv_proj")
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.self_attn.qkv_proj",
+    )
     assert control_targets("model.norm.weight", QWEN_PACKED) == ("model.norm",)
 
 
 def test_control_detected_only_at_its_target():
     base = obs("warm_B", {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k", "model.norm.weight": "n"})
-    hit = obs("warm_B_control", {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k2", "model.norm.weight": "n"},
-              [output(0, (1, 2, 3), -2.0)])
-    elsewhere = obs("warm_B_control", {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k", "model.norm.weight": "n2"})
+    hit = obs(
+        "warm_B_control",
+        {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k2", "model.norm.weight": "n"},
+        [output(0, (1, 2, 3), -2.0)],
+    )
+    elsewhere = obs(
+        "warm_B_control", {"model.layers.0.self_attn.qkv_proj.<kernel-output>": "k", "model.norm.weight": "n2"}
+    )
     name = "model.layers.0.self_attn.q_proj.weight"
     good = compare_control(name, hit, base, logprob_floor=1e-4)
     assert good.detected and good.tokens_moved
@@ -128,8 +146,8 @@ def test_noisy_handles_cannot_stand_in_for_the_control():
 
 
 def test_a_path_that_restarts_the_engine_compares_values_not_addresses():
-    from harness.compare import compare_path
-    from tests.records import A, B, EXPECTED, arm, obs, subject, tensor
+    from harness.judge.diff import compare_path
+    from tests.records import EXPECTED, A, B, arm, obs, subject, tensor
 
     moved = [tensor(n, d, address=2000) for n, d in B.items()]
     ref, noise = arm("reference", "reference", obs("cold_B", B)), arm("noise", "noise", obs("cold_B", B))

@@ -7,17 +7,17 @@ import dataclasses
 import pytest
 
 from harness import store
-from harness.checkpoints import CheckpointSet
-from harness.compare import TensorStatus, classify, compare_consumed, compare_path
-from harness.evaluation import RunRecord
+from harness.judge.diff import TensorStatus, classify, compare_consumed, compare_path
+from harness.judge.evaluate import evaluate
+from harness.judge.evaluation import RunRecord
+from harness.judge.verdict import VerdictStatus, judge, judge_sabotage, with_sabotage
 from harness.paths import PATHS
 from harness.paths.base import ReloadPath
-from harness.pipeline import evaluate
 from harness.plan import PathNeeds, make_plan
 from harness.records import ConsumedTensor
-from harness.spec import JudgePolicy, RunSpec
-from harness.verdict import VerdictStatus, judge, judge_sabotage, with_sabotage
-from tests.records import A, B, CONTROL, EXPECTED, QWEN_PACKED, arm, obs, output, segment, subject, tensor
+from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.run import JudgePolicy, RunSpec
+from tests.records import CONTROL, EXPECTED, QWEN_PACKED, A, B, arm, obs, output, segment, subject, tensor
 
 POLICY = JudgePolicy()
 
@@ -30,9 +30,20 @@ def compared(subj, path="p", expected=EXPECTED):
 
 # ---- one classifier for census tensors and kernel inputs ----------------------------
 
+
 def consumed(name: str, digest: str, nan_count: int = 0, address: int = 1000) -> ConsumedTensor:
-    return ConsumedTensor(name=name, op_index=0, op="aten.mul.Tensor", arg=1, module="m", dtype="float32",
-                          shape=(4,), address=address, digest=digest, nan_count=nan_count)
+    return ConsumedTensor(
+        name=name,
+        op_index=0,
+        op="aten.mul.Tensor",
+        arg=1,
+        module="m",
+        dtype="float32",
+        shape=(4,),
+        address=address,
+        digest=digest,
+        nan_count=nan_count,
+    )
 
 
 def test_a_nan_kernel_input_is_a_difference_even_with_identical_bytes():
@@ -54,6 +65,7 @@ def test_kernel_inputs_and_tensors_share_one_ladder():
 
 # ---- UNJUDGEABLE ----------------------------------------------------------------------
 
+
 def test_a_tensor_equal_before_and_after_the_refit_is_unjudgeable_never_ok():
     assert classify(tensor("r", "const"), tensor("r", "const"), tensor("r", "const")) is TensorStatus.UNJUDGEABLE
     assert classify(tensor("r", "const"), tensor("r", "const")) is TensorStatus.OK  # no witness: nothing to say
@@ -71,9 +83,13 @@ def test_a_path_whose_only_evidence_is_unjudgeable_is_inconclusive():
 
 
 def test_unjudgeable_tensors_are_counted_beside_a_pass():
-    subj = arm("subject-p", "subject", obs("cold_A", {**A, "buf": "int"}),
-               *segment("p", warm_b={**B, "buf": "int"}, warm_a={**A, "buf": "int"}, control={**CONTROL, "buf": "int"}),
-               paths=("p",))
+    subj = arm(
+        "subject-p",
+        "subject",
+        obs("cold_A", {**A, "buf": "int"}),
+        *segment("p", warm_b={**B, "buf": "int"}, warm_a={**A, "buf": "int"}, control={**CONTROL, "buf": "int"}),
+        paths=("p",),
+    )
     ref = arm("reference", "reference", obs("cold_B", {**B, "buf": "int"}))
     noise = arm("noise", "noise", obs("cold_B", {**B, "buf": "int"}))
     c = compare_path("p", subj, ref, noise, "q_proj.weight", POLICY.logprob_atol, EXPECTED)
@@ -84,9 +100,12 @@ def test_unjudgeable_tensors_are_counted_beside_a_pass():
 
 # ---- prefix-cache hits ---------------------------------------------------------------
 
+
 def with_hits(observations, hits):
-    return [dataclasses.replace(o, outputs=tuple(dataclasses.replace(x, cached_tokens=hits) for x in o.outputs))
-            for o in observations]
+    return [
+        dataclasses.replace(o, outputs=tuple(dataclasses.replace(x, cached_tokens=hits) for x in o.outputs))
+        for o in observations
+    ]
 
 
 def test_prefix_cache_path_without_cache_hits_fails():
@@ -108,8 +127,10 @@ TWIN = ("warm_B", "warm_A")
 
 def twin_arm(warm_b, outputs_b=None):
     own = segment("p", drop=())
-    twin = [dataclasses.replace(o, label=dataclasses.replace(o.label, path="p~sabotage"))
-            for o in segment("p", warm_b=warm_b, outputs_b=outputs_b, drop=("warm_B_again", "warm_B_control"))]
+    twin = [
+        dataclasses.replace(o, label=dataclasses.replace(o.label, path="p~sabotage"))
+        for o in segment("p", warm_b=warm_b, outputs_b=outputs_b, drop=("warm_B_again", "warm_B_control"))
+    ]
     return arm("subject-p", "subject", obs("cold_A", A), *own, *twin, paths=("p",))
 
 
@@ -164,28 +185,35 @@ def test_every_path_declares_a_sabotage_with_evidence():
 
 # ---- REBOUND is judged with the path's own mode -------------------------------------
 
+
 def write_run(tmp_path, device: str, paths=("compiled",), rebound="auto"):
     spec = RunSpec(model="/a", paths=paths, judge=JudgePolicy(rebound=rebound))  # an eager run
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="q_proj.weight")
     needs = {p: PathNeeds.of(PATHS.get(p)) for p in paths}
     plan = make_plan(spec, cs, needs, {})
-    store.dump(RunRecord(spec=spec, checkpoints=cs, plan=plan, git_sha="test", started="now"),
-               tmp_path / "run.json", "run_record")
+    store.dump(
+        RunRecord(spec=spec, checkpoints=cs, plan=plan, git_sha="test", started="now"),
+        tmp_path / "run.json",
+        "run_record",
+    )
     env = (("device", device),)
     moved = [tensor(n, d, address=2000 if n == "norm" else 1000) for n, d in B.items()]
     for a in plan.arms:
         if a.role == "subject":
-            result = arm(a.name, "subject", obs("cold_A", A), *segment(paths[0], warm_b=moved, warm_b_again=moved),
-                         paths=a.paths)
+            result = arm(
+                a.name, "subject", obs("cold_A", A), *segment(paths[0], warm_b=moved, warm_b_again=moved), paths=a.paths
+            )
         else:
             result = arm(a.name, a.role, obs("cold_B", B))
-        store.dump(dataclasses.replace(result, environment=env), tmp_path / "arms" / f"{a.name}.result.json",
-                   "arm_result")
+        store.dump(
+            dataclasses.replace(result, environment=env), tmp_path / "arms" / f"{a.name}.result.json", "arm_result"
+        )
     return tmp_path
 
 
-@pytest.mark.parametrize("device, verdict", [("NVIDIA H100 80GB HBM3", VerdictStatus.FAIL),
-                                             ("cpu (x86_64)", VerdictStatus.PASS)])
+@pytest.mark.parametrize(
+    "device, verdict", [("NVIDIA H100 80GB HBM3", VerdictStatus.FAIL), ("cpu (x86_64)", VerdictStatus.PASS)]
+)
 def test_a_compiled_path_in_an_eager_run_fails_a_rebound_on_a_gpu(tmp_path, device, verdict):
     ev = evaluate(write_run(tmp_path, device))
     assert ev.record.spec.engine.mode == "eager"

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from harness import exit_codes
-from harness.verdict import VerdictStatus as S
+from harness.judge import exit_codes
+from harness.judge.verdict import VerdictStatus as S
 
 
-@pytest.mark.parametrize(("statuses", "code"), [
-    ((), 0), ((S.PASS, S.SKIPPED, S.XFAIL), 0),
-    ((S.PASS, S.FAIL), 1), ((S.INCONCLUSIVE,), 1), ((S.XPASS, S.XFAIL), 1),
-    ((S.ERROR,), 2), ((S.FAIL, S.ERROR, S.PASS), 2),
-])
+@pytest.mark.parametrize(
+    ("statuses", "code"),
+    [
+        ((), 0),
+        ((S.PASS, S.SKIPPED, S.XFAIL), 0),
+        ((S.PASS, S.FAIL), 1),
+        ((S.INCONCLUSIVE,), 1),
+        ((S.XPASS, S.XFAIL), 1),
+        ((S.ERROR,), 2),
+        ((S.FAIL, S.ERROR, S.PASS), 2),
+    ],
+)
 def test_verdicts_to_exit_code(statuses, code):
     assert exit_codes.for_verdicts(statuses) == code
 

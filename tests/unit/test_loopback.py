@@ -19,7 +19,7 @@ def test_gloo_transfer_group_listens_on_loopback_only():
     pytest.importorskip("vllm")
     import torch
 
-    from harness.engine.transfer import _broadcast, _gloo_group
+    from harness.arm.transfer import _broadcast, _gloo_group
     from harness.loopback import free_port
 
     before = _listening_addresses()
@@ -28,7 +28,7 @@ def test_gloo_transfer_group_listens_on_loopback_only():
     def join(rank: int) -> None:
         try:
             groups[rank] = _gloo_group("127.0.0.1", port, rank, 2)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
@@ -42,8 +42,10 @@ def test_gloo_transfer_group_listens_on_loopback_only():
     assert all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip in opened), opened
 
     sent, received = torch.arange(6, dtype=torch.float32), torch.zeros(6)
-    senders = [threading.Thread(target=_broadcast, args=(groups[0], sent)),
-               threading.Thread(target=_broadcast, args=(groups[1], received))]
+    senders = [
+        threading.Thread(target=_broadcast, args=(groups[0], sent)),
+        threading.Thread(target=_broadcast, args=(groups[1], received)),
+    ]
     for t in senders:
         t.start()
     for t in senders:
@@ -60,11 +62,12 @@ class _JoiningClient:
         self.group = None
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        from harness.engine.transfer import _gloo_group
+        from harness.arm.transfer import _gloo_group
 
         self.joined_port = init_info["master_port"]
-        self.group = _gloo_group(init_info["master_address"], init_info["master_port"],
-                                 init_info["rank_offset"], init_info["world_size"])
+        self.group = _gloo_group(
+            init_info["master_address"], init_info["master_port"], init_info["rank_offset"], init_info["world_size"]
+        )
 
 
 def test_a_port_taken_by_another_process_cannot_fail_the_gloo_transfer(monkeypatch, tmp_path):
@@ -79,9 +82,9 @@ def test_a_port_taken_by_another_process_cannot_fail_the_gloo_transfer(monkeypat
     from vllm.plugins import load_general_plugins
 
     from harness import loopback
-    from harness.engine.transfer import CheckpointSource, _broadcast, trainer_init_info
-    from harness.engine.vllm_private import trainer_engine_class
+    from harness.arm.transfer import CheckpointSource, _broadcast, trainer_init_info
     from harness.paths import PATHS
+    from harness.worker.vllm_private import trainer_engine_class
     from tests.unit.test_transfer_contracts import CHECKPOINTS
 
     squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -93,12 +96,15 @@ def test_a_port_taken_by_another_process_cannot_fail_the_gloo_transfer(monkeypat
         load_general_plugins()  # registers the gloo trainer engine
         fields = PATHS.get("transfer_gloo")(CHECKPOINTS).trainer_fields(world_size=2)
         client = _JoiningClient()
-        trainer = trainer_engine_class("gloo").trainer_init(trainer_init_info("gloo", fields), client=client,
-                                                            source=CheckpointSource(tmp_path))
+        trainer = trainer_engine_class("gloo").trainer_init(
+            trainer_init_info("gloo", fields), client=client, source=CheckpointSource(tmp_path)
+        )
         assert client.joined_port not in (None, 0, taken)
         sent, received = torch.arange(4, dtype=torch.float32), torch.zeros(4)
-        threads = [threading.Thread(target=_broadcast, args=(trainer.group, sent)),
-                   threading.Thread(target=_broadcast, args=(client.group, received))]
+        threads = [
+            threading.Thread(target=_broadcast, args=(trainer.group, sent)),
+            threading.Thread(target=_broadcast, args=(client.group, received)),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -115,12 +121,17 @@ def test_local_ray_keeps_clusters_disabled_only_while_it_starts(monkeypatch):
     ray = pytest.importorskip("ray")
     import os
 
-    from harness.engine.fanout import init_local_ray
+    from harness.ray_local import init_local_ray
 
     seen = []
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
-    monkeypatch.setattr(ray, "init", lambda **options: seen.append(
-        (os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), options["_node_ip_address"], options["num_cpus"])))
+    monkeypatch.setattr(
+        ray,
+        "init",
+        lambda **options: seen.append(
+            (os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), options["_node_ip_address"], options["num_cpus"])
+        ),
+    )
     init_local_ray(ray, num_cpus=1)
     assert seen == [("0", "127.0.0.1", 1)]
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ

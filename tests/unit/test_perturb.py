@@ -1,5 +1,5 @@
 """Perturbations chunk by chunk (harness/perturb.py) and B written tensor by tensor
-(checkpoints.write_streamed): every float element moves, in every dtype and across chunk
+(write_streamed): every float element moves, in every dtype and across chunk
 boundaries; integers stay; the same seed gives the same bytes; the recipe is in the cache
 key; and the memory they need is about one tensor, measured as peak RSS."""
 
@@ -16,8 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness import checkpoints, perturb
-from harness.spec import ControlSpec, PerturbSpec
+from harness.checkpoints import derived, perturb
+from harness.checkpoints.derived import perturbed, with_control
+from harness.checkpoints.read import check_target, fingerprint, read_headers
+from harness.errors import CheckpointError
+from harness.spec.run import ControlSpec, PerturbSpec
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -85,9 +88,14 @@ def write_checkpoint(d, tensors, config=None):
 
 def mixed_tensors():
     g = torch.Generator().manual_seed(0)
-    return {"emb.weight": torch.randn(700, 8, generator=g).to(torch.bfloat16), "norm.weight": torch.ones(8),
-            "bias": torch.zeros(8, dtype=torch.float16), "ids": torch.arange(5, dtype=torch.int32),
-            "mask": torch.tensor([True, False]), "x.weight": torch.randn(40, 3, generator=g, dtype=torch.float64)}
+    return {
+        "emb.weight": torch.randn(700, 8, generator=g).to(torch.bfloat16),
+        "norm.weight": torch.ones(8),
+        "bias": torch.zeros(8, dtype=torch.float16),
+        "ids": torch.arange(5, dtype=torch.int32),
+        "mask": torch.tensor([True, False]),
+        "x.weight": torch.randn(40, 3, generator=g, dtype=torch.float64),
+    }
 
 
 def digest(d):
@@ -96,9 +104,9 @@ def digest(d):
 
 def test_b_is_seeded_byte_for_byte_moves_every_float_and_keeps_integers(small_chunks, tmp_path):
     a = write_checkpoint(tmp_path / "A", mixed_tensors())
-    b1 = checkpoints.perturbed(a, PerturbSpec(seed=3), cache=tmp_path / "c1")
-    b2 = checkpoints.perturbed(a, PerturbSpec(seed=3), cache=tmp_path / "c2")
-    b3 = checkpoints.perturbed(a, PerturbSpec(seed=4), cache=tmp_path / "c3")
+    b1 = perturbed(a, PerturbSpec(seed=3), cache=tmp_path / "c1")
+    b2 = perturbed(a, PerturbSpec(seed=3), cache=tmp_path / "c2")
+    b3 = perturbed(a, PerturbSpec(seed=4), cache=tmp_path / "c3")
     assert digest(b1) == digest(b2) != digest(b3)
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b1 / "model.safetensors"))
     for name, t in wa.items():
@@ -107,7 +115,7 @@ def test_b_is_seeded_byte_for_byte_moves_every_float_and_keeps_integers(small_ch
             assert (wb[name].float() != t.float()).all(), f"every element of {name} must change"
         else:
             assert torch.equal(wb[name], t), f"{name} is not a weight and must stay"
-    control = checkpoints.with_control(b1, ControlSpec(tensor="norm.weight", scale=1.01), cache=tmp_path / "c1")
+    control = with_control(b1, ControlSpec(tensor="norm.weight", scale=1.01), cache=tmp_path / "c1")
     wc = load_file(str(control / "model.safetensors"))
     assert torch.equal(wc["norm.weight"], (wb["norm.weight"] * 1.01))
     assert all(torch.equal(wc[n], wb[n]) for n in wb if n != "norm.weight")
@@ -118,15 +126,18 @@ def test_the_recipe_is_in_every_derived_checkpoints_cache_key(tmp_path, monkeypa
     cache entry, keyed without the recipe, must not be found, nor one of another recipe."""
     a = write_checkpoint(tmp_path / "A", mixed_tensors())
     spec = PerturbSpec(seed=3)
-    b = checkpoints.perturbed(a, spec, cache=tmp_path)
-    old_key = hashlib.sha256(f"{checkpoints.fingerprint(a)}|{spec}".encode()).hexdigest()[:16]
+    b = perturbed(a, spec, cache=tmp_path)
+    old_key = hashlib.sha256(f"{fingerprint(a)}|{spec}".encode()).hexdigest()[:16]
     assert b.name != f"A-B-{old_key}"
-    assert checkpoints.PERTURB_RECIPE == perturb.RECIPE and str(perturb.CHUNK_ELEMENTS) in perturb.RECIPE
-    control, damaged = ControlSpec(tensor="norm.weight"), 0.5
-    made = (b, checkpoints.with_control(a, control, cache=tmp_path), checkpoints.damaged(a, damaged, cache=tmp_path))
-    monkeypatch.setattr(checkpoints, "PERTURB_RECIPE", "another-recipe")
-    remade = (checkpoints.perturbed(a, spec, cache=tmp_path), checkpoints.with_control(a, control, cache=tmp_path),
-              checkpoints.damaged(a, damaged, cache=tmp_path))
+    assert derived.PERTURB_RECIPE == perturb.RECIPE and str(perturb.CHUNK_ELEMENTS) in perturb.RECIPE
+    control, damage = ControlSpec(tensor="norm.weight"), 0.5
+    made = (b, with_control(a, control, cache=tmp_path), derived.damaged(a, damage, cache=tmp_path))
+    monkeypatch.setattr(derived, "PERTURB_RECIPE", "another-recipe")
+    remade = (
+        perturbed(a, spec, cache=tmp_path),
+        with_control(a, control, cache=tmp_path),
+        derived.damaged(a, damage, cache=tmp_path),
+    )
     assert all(x != y for x, y in zip(made, remade)), (made, remade)
 
 
@@ -137,18 +148,21 @@ def test_target_check_reads_headers_only(tmp_path):
     cut = write_checkpoint(tmp_path / "cut", mixed_tensors())
     f = cut / "model.safetensors"
     (n,) = struct.unpack("<Q", f.read_bytes()[:8])
-    f.write_bytes(f.read_bytes()[:8 + n])
-    checkpoints.check_target(a, cut)
-    assert checkpoints.read_headers(cut) == checkpoints.read_headers(a)
-    with pytest.raises(checkpoints.CheckpointError, match="ends inside a tensor"):
-        checkpoints.perturbed(cut, PerturbSpec(), cache=tmp_path / "c")  # writing B does read them
+    f.write_bytes(f.read_bytes()[: 8 + n])
+    check_target(a, cut)
+    assert read_headers(cut) == read_headers(a)
+    with pytest.raises(CheckpointError, match="ends inside a tensor"):
+        perturbed(cut, PerturbSpec(), cache=tmp_path / "c")  # writing B does read them
 
 
 PEAK = textwrap.dedent("""
     import json, sys, torch
     from pathlib import Path
-    from harness import checkpoints, perturb
-    from harness.spec import ControlSpec, PerturbSpec
+    from harness.checkpoints.derived import damaged, perturbed, with_control, write_streamed
+    from harness.checkpoints.read import check_target, fingerprint, read_headers
+    from harness.errors import CheckpointError
+    from harness.checkpoints import perturb
+    from harness.spec.run import ControlSpec, PerturbSpec
 
     def status(key):
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))
@@ -160,7 +174,7 @@ PEAK = textwrap.dedent("""
         return status("VmHWM") - before
 
     source, cache = sys.argv[1], Path(sys.argv[2])
-    checkpoints.write_streamed(source, cache / "warm-up", lambda name, t: t)
+    write_streamed(source, cache / "warm-up", lambda name, t: t)
     perturb.scale("warm-up", torch.ones(1 << 20), None, 0.1)
     extra = {}
     for dtype in ("float32", "bfloat16"):
@@ -170,8 +184,8 @@ PEAK = textwrap.dedent("""
                 "w", t, torch.Generator().manual_seed(0), 0.05, out=t if mode == "in_place" else None))
         del t
     extra["checkpoint"] = peak_above_start(lambda: (
-        checkpoints.perturbed(source, PerturbSpec(), cache=cache),
-        checkpoints.with_control(source, ControlSpec(tensor="t0"), cache=cache)))
+        perturbed(source, PerturbSpec(), cache=cache),
+        with_control(source, ControlSpec(tensor="t0"), cache=cache)))
     print(json.dumps(extra))
 """)
 
@@ -186,8 +200,9 @@ def peak_extra(tmp_path_factory) -> dict[str, int]:
     a = write_checkpoint(tmp / "A", {f"t{i}": torch.randn(16 << 20, generator=g) for i in range(4)})
     root = str(Path(__file__).resolve().parents[2])  # this checkout's harness, not the venv's editable install
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-c", PEAK, str(a), str(tmp / "cache")], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, str(a), str(tmp / "cache")], capture_output=True, text=True, env=env, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -201,8 +216,9 @@ def test_perturbing_a_large_tensor_needs_about_one_chunk_in_place_and_one_tensor
     chunk = perturb.CHUNK_ELEMENTS * 4  # one float32 chunk
     in_place, new_output = peak_extra[f"{dtype} in_place"], peak_extra[f"{dtype} new_output"]
     assert in_place < 4 * chunk, f"in place: {in_place / 2**20:.0f} MiB above a {size / 2**20:.0f} MiB tensor"
-    assert new_output < size + 4 * chunk, \
+    assert new_output < size + 4 * chunk, (
         f"new output: {new_output / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB tensor"
+    )
 
 
 def test_writing_b_and_b_control_holds_one_tensor_at_a_time(peak_extra):

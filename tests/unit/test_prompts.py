@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from harness import checkpoints
-from harness.pipeline import UsageError, resolve_prompts, validate
-from harness.spec import PROMPT_QUESTIONS, SHARED_PREFIX_TOKENS, RunSpec, shared_prefix_prompts
+from harness.checkpoints.tiny import tiny_qwen3
+from harness.errors import UsageError
+from harness.orchestrate.execute import resolve_prompts, validate
+from harness.spec.prompts import PROMPT_QUESTIONS, SHARED_PREFIX_TOKENS, shared_prefix_prompts
+from harness.spec.run import RunSpec
 
 
 def _checkpoint_with_tokenizer(tmp_path: Path, vocab_size: int | None = None) -> Path:
-    from harness.engine.tokenize import char_tokenizer
+    from harness.tokenizer import char_tokenizer
 
     model = tmp_path / "model"
-    shutil.copytree(checkpoints.tiny_qwen3(), model)
+    shutil.copytree(tiny_qwen3(), model)
     char_tokenizer().save(str(model / "tokenizer.json"))
     if vocab_size is not None:
         config = json.loads((model / "config.json").read_text())
@@ -45,7 +47,7 @@ def test_a_checkpoint_with_a_tokenizer_gets_text_prompts_sharing_a_prefix(tmp_pa
 
 
 def test_without_a_fitting_tokenizer_prompts_are_drawn_from_the_vocabulary(tmp_path):
-    plain = resolve_prompts(RunSpec(model=str(checkpoints.tiny_qwen3()))).prompts
+    plain = resolve_prompts(RunSpec(model=str(tiny_qwen3()))).prompts
     assert plain.texts is None and plain.token_ids == shared_prefix_prompts(512)
     # The character tokenizer's ids (up to 97) do not fit a vocabulary of 64: ids, not text.
     small = resolve_prompts(RunSpec(model=str(_checkpoint_with_tokenizer(tmp_path, vocab_size=64)))).prompts

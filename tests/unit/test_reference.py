@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import reference, store
-from harness.checkpoints import CheckpointSet
-from harness.requirements import EngineRequirements
+from harness import store
+from harness.orchestrate import reference
 from harness.plan import PathNeeds, make_plan
-from harness.spec import EngineSpec, PromptSpec, RunSpec
+from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.requirements import EngineRequirements
+from harness.spec.run import EngineSpec, PromptSpec, RunSpec
 from tests.records import A, arm, obs
 
 
@@ -73,20 +74,29 @@ def test_changing_checkpoint_b_content_changes_the_key(base, change):
     assert key(b) != k
 
 
-@pytest.mark.parametrize("spec_change", [
-    {"engine": EngineSpec(dtype="bfloat16")}, {"engine": EngineSpec(mode="compiled")},
-    {"engine": EngineSpec(tensor_parallel_size=2)}, {"engine": EngineSpec(seed=1)},
-    {"engine": EngineSpec(kv_cache_memory_bytes=32 << 20)},
-    {"prompts": PromptSpec(max_tokens=11)}, {"prompts": PromptSpec(token_ids=((1, 2, 3),))},
-    {"prompts": PromptSpec(logprobs=4)},
-], ids=lambda c: repr(c)[:60])
+@pytest.mark.parametrize(
+    "spec_change",
+    [
+        {"engine": EngineSpec(dtype="bfloat16")},
+        {"engine": EngineSpec(mode="compiled")},
+        {"engine": EngineSpec(tensor_parallel_size=2)},
+        {"engine": EngineSpec(seed=1)},
+        {"engine": EngineSpec(kv_cache_memory_bytes=32 << 20)},
+        {"prompts": PromptSpec(max_tokens=11)},
+        {"prompts": PromptSpec(token_ids=((1, 2, 3),))},
+        {"prompts": PromptSpec(logprobs=4)},
+    ],
+    ids=lambda c: repr(c)[:60],
+)
 def test_changing_the_engine_spec_or_prompts_changes_the_key(base, spec_change):
     b, k = base
     assert key(b, **spec_change) != k
 
 
-@pytest.mark.parametrize("variable", ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_USE_V2", "CUDA_VISIBLE_DEVICES",
-                                      "REFIT_HARNESS_MODELS"])
+@pytest.mark.parametrize(
+    "variable",
+    ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_USE_V2", "CUDA_VISIBLE_DEVICES", "REFIT_HARNESS_MODELS"],
+)
 def test_changing_an_engine_environment_variable_changes_the_key(base, monkeypatch, variable):
     b, k = base
     assert key(b, env={variable: "1"} if variable != "REFIT_HARNESS_MODELS" else {variable: "X=json:loads"}) != k
@@ -99,7 +109,7 @@ def test_changing_the_build_or_the_device_changes_the_key(base, monkeypatch):
     real = reference.build_identity()
     assert dict(real)["vllm"] != "absent" and dict(real)["torch_sha"] not in ("", "unknown")
     for i, (name, value) in enumerate(real):
-        changed = real[:i] + ((name, value + "-other"),) + real[i + 1:]
+        changed = real[:i] + ((name, value + "-other"),) + real[i + 1 :]
         monkeypatch.setattr(reference, "build_identity", lambda c=changed: c)
         assert key(b) != k, name
     monkeypatch.setattr(reference, "build_identity", lambda: real)
@@ -110,11 +120,12 @@ def test_changing_the_build_or_the_device_changes_the_key(base, monkeypatch):
 
 def test_changing_the_observation_code_changes_the_key(base, tmp_path, monkeypatch):
     b, k = base
-    harness_copy = shutil.copytree(Path(reference.__file__).parent, tmp_path / "harness",
-                                   ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(reference, "__file__", str(harness_copy / "reference.py"))
+    harness_copy = shutil.copytree(
+        Path(reference.__file__).parents[1], tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    monkeypatch.setattr(reference, "__file__", str(harness_copy / "orchestrate" / "reference.py"))
     assert key(b) == k  # the same code elsewhere
-    for name in ("worker/census.py", "worker/recorder.py", "engine/worker_ext.py", "worker/fixtures/models.py"):
+    for name in ("worker/census.py", "worker/recorder.py", "worker/extension.py", "worker/fixtures/models.py"):
         original = (harness_copy / name).read_text()
         (harness_copy / name).write_text(original + "\n# changed\n")
         assert key(b) != k, name
@@ -151,9 +162,9 @@ def test_cache_returns_both_arms_only_when_both_are_ok(base, tmp_path):
 
 
 def test_thread_placement_depends_on_the_plan_and_cpus_not_on_free_memory(monkeypatch, tmp_path):
-    from harness import pipeline
-    from harness.engine import fanout
-    from harness.engine.fanout import FanoutSpec
+    from harness.orchestrate import execute as pipeline
+    from harness.orchestrate import fanout
+    from harness.orchestrate.fanout import FanoutSpec
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(fanout, "cuda_available", lambda: False)
@@ -162,7 +173,7 @@ def test_thread_placement_depends_on_the_plan_and_cpus_not_on_free_memory(monkey
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="w")
     plan = make_plan(spec, cs, {"reload_weights": PathNeeds(EngineRequirements(), ("B",))}, {})
     envs = set()
-    for free_pages in (1, 10 ** 9):  # almost no free memory, then plenty
+    for free_pages in (1, 10**9):  # almost no free memory, then plenty
         monkeypatch.setattr(os, "sysconf", lambda name, p=free_pages: p if name == "SC_AVPHYS_PAGES" else 4096)
         envs.add(tuple(sorted(pipeline.arm_env(plan, spec, FanoutSpec()).items())))
     assert envs == {(("OMP_NUM_THREADS", "1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"))}

@@ -4,15 +4,16 @@ import sys
 import pytest
 
 from harness import store
+from harness.errors import UnknownName
 from harness.plan import ArmPlan, Observe, PathNeeds, Refit, make_plan
-from harness.checkpoints import CheckpointSet
 from harness.records import ArmResult, ObservationLabel
-from harness.registry import Registry, UnknownName
-from harness.requirements import EngineRequirements
-from harness.spec import RunSpec
+from harness.registry import Registry
+from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.requirements import EngineRequirements
+from harness.spec.run import RunSpec
+from tests.records import output, subject
 
 NEEDS = PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A"))
-from tests.records import output, subject
 
 
 def test_registry_is_lazy_strict_and_lists_names():
@@ -65,11 +66,15 @@ def test_plan_shares_engines_between_paths_with_equal_requirements():
     assert [a.start for a in plan.arms] == ["B", "B", "A", "A"]
     assert plan.skipped[0].path == "gpu_only" and "CUDA" in plan.skipped[0].reason
     labels = [str(s.label) for s in plan.arms[2].steps if isinstance(s, Observe)]
-    assert labels == ["cold_A"] + [f"{p}/{x}" for p in ("p1", "p2")
-                                   for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")]
+    assert labels == ["cold_A"] + [
+        f"{p}/{x}" for p in ("p1", "p2") for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")
+    ]
     assert [s.label for s in plan.arms[2].steps if isinstance(s, Observe)][1] == ObservationLabel("warm_B", "p1")
     assert [str(s.label) for s in plan.arms[3].steps if isinstance(s, Observe)] == [
-        "cold_dummy", "d/warm_B", "d/warm_B_control"]
+        "cold_dummy",
+        "d/warm_B",
+        "d/warm_B_control",
+    ]
     assert plan.subject_of("p2").name == "subject-p1+p2" and plan.subject_of("gpu_only") is None
     assert make_plan(RunSpec(model="/a", paths=("gpu_only",)), cs, needs, {"gpu_only": "x"}).arms == ()
 
@@ -81,23 +86,34 @@ def test_sabotaged_twins_run_after_every_real_segment_with_only_their_first_refi
     plan = make_plan(RunSpec(model="/a", paths=("p1", "p2", "d"), sabotage=True), cs, needs, {})
     shared = plan.arms[2].steps
     labels = [str(s.label) for s in shared if isinstance(s, Observe)]
-    real = ["cold_A"] + [f"{p}/{x}" for p in ("p1", "p2") for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")]
+    real = ["cold_A"] + [
+        f"{p}/{x}" for p in ("p1", "p2") for x in ("warm_B", "warm_B_again", "warm_B_control", "warm_A")
+    ]
     assert labels == real + ["p1~sabotage/warm_B", "p1~sabotage/warm_A", "p2~sabotage/warm_B", "p2~sabotage/warm_A"]
     refits = [(s.path, s.target, s.sabotaged) for s in shared if isinstance(s, Refit)][-4:]
     assert refits == [("p1", "B", True), ("p1", "A", False), ("p2", "B", True), ("p2", "A", False)]
-    assert not any(isinstance(s, Refit) and s.sabotaged for s in shared[:2 * len(real) - 1])  # the cold observe has no refit
+    assert not any(
+        isinstance(s, Refit) and s.sabotaged for s in shared[: 2 * len(real) - 1]
+    )  # the cold observe has no refit
     assert [str(s.label) for s in plan.arms[3].steps if isinstance(s, Observe)] == [
-        "cold_dummy", "d/warm_B", "d/warm_B_control", "d~sabotage/warm_B"]
+        "cold_dummy",
+        "d/warm_B",
+        "d/warm_B_control",
+        "d~sabotage/warm_B",
+    ]
     without = make_plan(RunSpec(model="/a", paths=("p1",)), cs, needs, {})
     assert not any(isinstance(s, Observe) and s.label.path.endswith("~sabotage") for s in without.arms[2].steps[1:])
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda d: d.update(observations="abc"), r"observations: Input should be a valid tuple"),
-    (lambda d: d.update(surprise=1), r"surprise: Unexpected keyword argument"),
-    (lambda d: d["observations"][0].update(label=["not", "a", "label"]), r"observations\.0\.label"),
-    (lambda d: d.pop("arm"), r"arm: Field required"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(observations="abc"), r"observations: Input should be a valid tuple"),
+        (lambda d: d.update(surprise=1), r"surprise: Unexpected keyword argument"),
+        (lambda d: d["observations"][0].update(label=["not", "a", "label"]), r"observations\.0\.label"),
+        (lambda d: d.pop("arm"), r"arm: Field required"),
+    ],
+)
 def test_a_record_of_the_wrong_structure_is_a_schema_error_naming_the_field(tmp_path, change, message):
     """Validated on load: nothing dropped, nothing half-built (the old reader kept "abc" as a
     tuple of letters and dropped unknown fields)."""
@@ -159,7 +175,9 @@ def _as_version(path, version: int):
     payload = json.loads(path.read_text())
     payload["schema_version"] = version
     data = payload["data"]
-    for plan in [data] if payload["kind"] == "arm_plan" else data["plan"]["arms"] if payload["kind"] == "run_record" else []:
+    for plan in (
+        [data] if payload["kind"] == "arm_plan" else data["plan"]["arms"] if payload["kind"] == "run_record" else []
+    ):
         plan["steps"] = [_old_step(s) for s in plan["steps"]]
     for field in ("observations", "measurements", "completions") if payload["kind"] == "arm_result" else ():
         for r in data[field]:
@@ -179,16 +197,31 @@ def test_a_version_1_record_with_rank_prefixed_names_loads_with_rank_fields(tmp_
     and compares exactly as a version-2 record of the same observation."""
     import dataclasses
 
-    from harness.compare import compare_tensors
+    from harness.judge.diff import compare_tensors
     from harness.records import ConsumedTensor, UnobservedRecord
     from tests.records import obs, tensor
 
-    consumed = ConsumedTensor(name="model.norm.weight", op_index=3, op="aten.mul.Tensor", arg=1, module="model.norm",
-                              dtype="float32", shape=(4,), address=7, digest="d", rank=1)
-    unobserved = (UnobservedRecord("x.<kernel-output>", "kernel", "why", rank=0),
-                  UnobservedRecord("<kernel-input>", "forward", "arm-level"))
-    tp2 = dataclasses.replace(obs("cold_B", [tensor("model.norm.weight", f"d{r}", rank=r) for r in (0, 1)],
-                                  world_size=2), consumed=(consumed,), unobserved=unobserved)
+    consumed = ConsumedTensor(
+        name="model.norm.weight",
+        op_index=3,
+        op="aten.mul.Tensor",
+        arg=1,
+        module="model.norm",
+        dtype="float32",
+        shape=(4,),
+        address=7,
+        digest="d",
+        rank=1,
+    )
+    unobserved = (
+        UnobservedRecord("x.<kernel-output>", "kernel", "why", rank=0),
+        UnobservedRecord("<kernel-input>", "forward", "arm-level"),
+    )
+    tp2 = dataclasses.replace(
+        obs("cold_B", [tensor("model.norm.weight", f"d{r}", rank=r) for r in (0, 1)], world_size=2),
+        consumed=(consumed,),
+        unobserved=unobserved,
+    )
     tp1 = obs("cold_A", {"rank9:odd.name": "z"})  # one rank: a name that looks prefixed is left alone
     result = dataclasses.replace(subject(), observations=(tp1, tp2))
     path = store.dump(result, tmp_path / "r.json", "arm_result")
@@ -201,7 +234,9 @@ def test_a_version_1_record_with_rank_prefixed_names_loads_with_rank_fields(tmp_
     assert back.observations[1].unobserved == unobserved
     assert back.observations[0].tensors[0].name == "rank9:odd.name" and back.observations[0].tensors[0].rank == 0
     assert [d.tensor for d in compare_tensors("noise", back.observations[1], tp2)] == [
-        "rank0:model.norm.weight", "rank1:model.norm.weight"]
+        "rank0:model.norm.weight",
+        "rank1:model.norm.weight",
+    ]
 
 
 def test_version_2_plans_and_results_with_string_labels_and_steps_load_typed(tmp_path):
@@ -210,15 +245,20 @@ def test_version_2_plans_and_results_with_string_labels_and_steps_load_typed(tmp
     this planner makes, probes included, and an arm's labels as typed values."""
     import dataclasses
 
-    from harness.evaluation import RunRecord
+    from harness.judge.evaluation import RunRecord
     from harness.records import Completions, Measurement
-    from harness.spec import AccuracySpec, ThroughputSpec
+    from harness.spec.run import AccuracySpec, ThroughputSpec
     from tests.records import probe
 
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight", b_damaged="/d")
     dummy = PathNeeds(EngineRequirements(load_format="dummy"), ("B", "B_control"), ("B",))
-    spec = RunSpec(model="/a", paths=("p1", "d"), sabotage=True, throughput=ThroughputSpec(),
-                   accuracy=AccuracySpec(file="f", prompts=("q",), answers=("a",)))
+    spec = RunSpec(
+        model="/a",
+        paths=("p1", "d"),
+        sabotage=True,
+        throughput=ThroughputSpec(),
+        accuracy=AccuracySpec(file="f", prompts=("q",), answers=("a",)),
+    )
     plan = make_plan(spec, cs, {"p1": NEEDS, "d": dummy}, {})
     assert {type(s).__name__ for a in plan.arms for s in a.steps} == {"Observe", "Refit", "Probe"}
     for arm in plan.arms:
@@ -232,9 +272,13 @@ def test_version_2_plans_and_results_with_string_labels_and_steps_load_typed(tmp
     assert store.load(RunRecord, path, "run_record") == record
 
     result = dataclasses.replace(
-        subject(), measurements=(Measurement(probe("throughput", "cold_B"), 8, 32, (1.0,)),
-                                 Measurement(probe("throughput", "p"), 8, 32, (1.0,))),
-        completions=(Completions(probe("accuracy", "cold_B_damaged"), "t", ("x",)),))
+        subject(),
+        measurements=(
+            Measurement(probe("throughput", "cold_B"), 8, 32, (1.0,)),
+            Measurement(probe("throughput", "p"), 8, 32, (1.0,)),
+        ),
+        completions=(Completions(probe("accuracy", "cold_B_damaged"), "t", ("x",)),),
+    )
     path = store.dump(result, tmp_path / "r.json", "arm_result")
     _as_version(path, 2)
     old = json.loads(path.read_text())["data"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness import store
+from harness.judge.verdict import VerdictStatus
 from harness.records import ArmResult
-from harness.verdict import VerdictStatus
 from tests.records import subject
 from tests.unit.run_dirs import write_run
 
@@ -24,8 +24,14 @@ REPO = Path(__file__).resolve().parents[2]
 def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout, env={"PYTHONPATH": str(REPO), **os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env={"PYTHONPATH": str(REPO), **os.environ, **(env or {})},
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -38,12 +44,16 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 # --- records that cannot be read are SchemaErrors, never KeyError/TypeError ---------------
 
-@pytest.mark.parametrize("payload, message", [
-    ({"schema_version": 0, "kind": "arm_result", "data": {}}, "schema_version 0 is not readable"),
-    ({"schema_version": 1, "kind": "arm_result", "data": ["not", "a", "record"]}, "wrong structure"),
-    ({"schema_version": 1, "kind": "arm_result", "data": {"arm": "x"}}, "wrong structure"),
-    (["a list"], "not a refit-harness record"),
-])
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ({"schema_version": 0, "kind": "arm_result", "data": {}}, "schema_version 0 is not readable"),
+        ({"schema_version": 1, "kind": "arm_result", "data": ["not", "a", "record"]}, "wrong structure"),
+        ({"schema_version": 1, "kind": "arm_result", "data": {"arm": "x"}}, "wrong structure"),
+        (["a list"], "not a refit-harness record"),
+    ],
+)
 def test_unreadable_records_are_schema_errors(tmp_path, payload, message):
     f = tmp_path / "r.json"
     f.write_text(json.dumps(payload))
@@ -60,7 +70,7 @@ def test_concurrent_writers_of_one_record_never_collide(tmp_path):
         for _ in range(40):
             try:
                 store.dump(result, target, "arm_result")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 failures.append(exc)
 
     threads = [threading.Thread(target=writer) for _ in range(4)]
@@ -74,6 +84,7 @@ def test_concurrent_writers_of_one_record_never_collide(tmp_path):
 
 
 # --- the exit-code contract, through the real CLI -----------------------------------------
+
 
 def test_report_of_schema_version_0_and_of_a_broken_run_record_exits_2(tmp_path):
     write_run(tmp_path / "v0")
@@ -99,30 +110,40 @@ def test_a_truncated_arm_file_is_that_arm_error_and_the_others_are_still_judged(
 
 
 def test_corrupt_safetensors_and_invalid_config_exit_2_before_any_engine(tmp_path):
-    from harness import checkpoints
+    from harness.checkpoints.tiny import tiny_qwen3
 
-    tiny = checkpoints.tiny_qwen3()
+    tiny = tiny_qwen3()
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "config.json").write_text((tiny / "config.json").read_text())
     (corrupt / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    line = one_error_line(cli("run", "--model", str(corrupt), "--out", str(tmp_path / "o1"),
-                              env={"REFIT_HARNESS_CACHE": str(tmp_path / "cache")}))
-    # Read from the safetensors header before any weight is touched (see checkpoints.read_headers).
+    line = one_error_line(
+        cli(
+            "run",
+            "--model",
+            str(corrupt),
+            "--out",
+            str(tmp_path / "o1"),
+            env={"REFIT_HARNESS_CACHE": str(tmp_path / "cache")},
+        )
+    )
+    # Read from the safetensors header before any weight is touched (see read_headers).
     assert "model.safetensors is not a readable safetensors file" in line, line
 
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "config.json").write_text("{\"vocab_size\": 5")
+    (broken / "config.json").write_text('{"vocab_size": 5')
     (broken / "model.safetensors").write_bytes((tiny / "model.safetensors").read_bytes())
-    assert "is not a valid JSON config" in one_error_line(cli("run", "--model", str(broken),
-                                                              "--out", str(tmp_path / "o2")))
+    assert "is not a valid JSON config" in one_error_line(
+        cli("run", "--model", str(broken), "--out", str(tmp_path / "o2"))
+    )
 
 
 def test_an_unexpected_exception_is_one_line_and_its_traceback_goes_to_harness_log(tmp_path, monkeypatch, capsys):
-    import harness.pipeline
+    import harness.judge.evaluate
+    import harness.orchestrate.execute
     from harness import cli as cli_module
-    from harness.store import SchemaError
+    from harness.errors import SchemaError
 
     def evaluate_fails(*args, **kwargs):
         raise SchemaError("arms/x.result.json: a 'arm_result' record with the wrong structure")
@@ -131,9 +152,9 @@ def test_an_unexpected_exception_is_one_line_and_its_traceback_goes_to_harness_l
         raise KeyError("observation")
 
     write_run(tmp_path / "run")
-    monkeypatch.setattr(harness.pipeline, "evaluate", evaluate_fails)
+    monkeypatch.setattr(harness.judge.evaluate, "evaluate", evaluate_fails)
     assert cli_module.main(["report", str(tmp_path / "run")]) == 2
-    monkeypatch.setattr(harness.pipeline, "execute", execute_fails)
+    monkeypatch.setattr(harness.orchestrate.execute, "execute", execute_fails)
     assert cli_module.main(["run", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("refit-harness: error: ")]
@@ -143,33 +164,39 @@ def test_an_unexpected_exception_is_one_line_and_its_traceback_goes_to_harness_l
     assert "Traceback (most recent call last)" in log and "execute_fails" in log
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--tp", "0"), "argument --tp: must be at least 1, not 0"),
-    (("--max-parallel", "0"), "argument --max-parallel: must be at least 1, not 0"),
-    (("--arm-timeout", "-5"), "argument --arm-timeout: must be a positive number of seconds"),
-    (("--arm-timeout", "nan"), "argument --arm-timeout: must be a positive number of seconds"),
-    (("--ray-address", "10.1.2.3:6379"), "is not on this machine; pass --allow-remote-ray"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--tp", "0"), "argument --tp: must be at least 1, not 0"),
+        (("--max-parallel", "0"), "argument --max-parallel: must be at least 1, not 0"),
+        (("--arm-timeout", "-5"), "argument --arm-timeout: must be a positive number of seconds"),
+        (("--arm-timeout", "nan"), "argument --arm-timeout: must be a positive number of seconds"),
+        (("--ray-address", "10.1.2.3:6379"), "is not on this machine; pass --allow-remote-ray"),
+    ],
+)
 def test_bad_numbers_and_a_remote_ray_exit_2_before_anything_starts(tmp_path, args, message):
     assert message in one_error_line(cli("run", *args, "--out", str(tmp_path / "o"), timeout=60))
     assert not (tmp_path / "o").exists()
 
 
 def test_prompts_longer_than_the_engine_allows_are_refused():
-    from harness.pipeline import UsageError, validate
-    from harness.spec import EngineSpec, PromptSpec, RunSpec
+    from harness.errors import UsageError
+    from harness.orchestrate.execute import validate
+    from harness.spec.run import EngineSpec, PromptSpec, RunSpec
 
-    fits = RunSpec(model="/nowhere", prompts=PromptSpec(token_ids=((1,) * 20,), max_tokens=12),
-                   engine=EngineSpec(max_model_len=32))
+    fits = RunSpec(
+        model="/nowhere", prompts=PromptSpec(token_ids=((1,) * 20,), max_tokens=12), engine=EngineSpec(max_model_len=32)
+    )
     validate(fits)
-    too_long = RunSpec(model="/nowhere", prompts=PromptSpec(token_ids=((1,) * 21,), max_tokens=12),
-                       engine=EngineSpec(max_model_len=32))
+    too_long = RunSpec(
+        model="/nowhere", prompts=PromptSpec(token_ids=((1,) * 21,), max_tokens=12), engine=EngineSpec(max_model_len=32)
+    )
     with pytest.raises(UsageError, match="a prompt of 21 tokens plus max_tokens 12 is longer than max_model_len 32"):
         validate(too_long)
 
 
 def test_ray_address_check_lets_loopback_and_explicit_remote_through():
-    from harness.engine.fanout import check_ray_address
+    from harness.orchestrate.fanout import check_ray_address
 
     for address in (None, "auto", "local", "127.0.0.1:6379", "localhost:6379", "ray://127.0.0.1:10001"):
         check_ray_address(address, allow_remote=False)
@@ -180,8 +207,9 @@ def test_ray_address_check_lets_loopback_and_explicit_remote_through():
 
 # --- resume -----------------------------------------------------------------------------
 
+
 def test_resume_keeps_only_arms_measured_with_the_same_key(tmp_path):
-    from harness.pipeline import _finished
+    from harness.orchestrate.execute import _finished
 
     f = tmp_path / "r.json"
     assert _finished(f, "k1") is None
@@ -199,15 +227,20 @@ def test_resume_keeps_only_arms_measured_with_the_same_key(tmp_path):
 def test_arm_key_follows_plan_checkpoints_and_harness_commit(tmp_path):
     import dataclasses
 
-    from harness.pipeline import arm_key, evaluate
+    from harness.judge.evaluate import evaluate
+    from harness.orchestrate.execute import arm_key
 
     for d in ("a", "b", "c"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "model.safetensors").write_bytes(b"x")
     write_run(tmp_path / "run")
     arm = evaluate(tmp_path / "run").record.plan.arms[2]
-    arm = dataclasses.replace(arm, checkpoints=dataclasses.replace(
-        arm.checkpoints, a=str(tmp_path / "a"), b=str(tmp_path / "b"), b_control=str(tmp_path / "c")))
+    arm = dataclasses.replace(
+        arm,
+        checkpoints=dataclasses.replace(
+            arm.checkpoints, a=str(tmp_path / "a"), b=str(tmp_path / "b"), b_control=str(tmp_path / "c")
+        ),
+    )
     key = arm_key(arm, "sha1")
     assert arm_key(dataclasses.replace(arm, timeout_s=5), "sha1") == key  # a timeout measures nothing
     assert arm_key(arm, "sha2") != key
@@ -219,8 +252,9 @@ def test_arm_key_follows_plan_checkpoints_and_harness_commit(tmp_path):
 def test_resume_refuses_a_spec_that_differs_from_the_one_on_disk_and_keeps_run_json(tmp_path):
     import dataclasses
 
-    from harness.pipeline import UsageError, prepare
-    from harness.spec import EngineSpec
+    from harness.errors import UsageError
+    from harness.orchestrate.execute import prepare
+    from harness.spec.run import EngineSpec
 
     record = write_run(tmp_path)
     before = (tmp_path / "run.json").read_text()
@@ -239,28 +273,38 @@ def test_scenario_resume_of_a_single_run_is_refused(tmp_path):
 
 # --- a refit failing partway through a shared engine -------------------------------------
 
+
 def test_a_failing_segment_is_charged_to_itself_and_the_ones_after_it(tmp_path):
-    from harness.pipeline import evaluate
+    from harness.judge.evaluate import evaluate
 
     paths = ("reload_weights", "reload_weights_iterator", "discard_reload")
     arm = "subject-" + "+".join(paths)
-    write_run(tmp_path, paths=paths, errors={arm: "RuntimeError: reload exploded"},
-              failed={arm: ("reload_weights_iterator", "refit B_control")},
-              drop={"reload_weights_iterator": ("warm_B_control", "warm_A"),
-                    "discard_reload": ("warm_B", "warm_B_again", "warm_B_control", "warm_A")})
+    write_run(
+        tmp_path,
+        paths=paths,
+        errors={arm: "RuntimeError: reload exploded"},
+        failed={arm: ("reload_weights_iterator", "refit B_control")},
+        drop={
+            "reload_weights_iterator": ("warm_B_control", "warm_A"),
+            "discard_reload": ("warm_B", "warm_B_again", "warm_B_control", "warm_A"),
+        },
+    )
     verdicts = {v.path: v for v in evaluate(tmp_path).verdicts}
     assert verdicts["reload_weights"].status is VerdictStatus.PASS, verdicts["reload_weights"].reasons
     failing = verdicts["reload_weights_iterator"]
     assert failing.status is VerdictStatus.ERROR
-    assert "failed in segment reload_weights_iterator, step refit B_control: RuntimeError: reload exploded" in \
-        failing.reasons[0]
+    assert (
+        "failed in segment reload_weights_iterator, step refit B_control: RuntimeError: reload exploded"
+        in failing.reasons[0]
+    )
     later = verdicts["discard_reload"]
     assert later.status is VerdictStatus.ERROR and later.reasons[0].startswith(
-        f"{arm}: not run: the shared engine failed earlier, in segment reload_weights_iterator")
+        f"{arm}: not run: the shared engine failed earlier, in segment reload_weights_iterator"
+    )
 
 
 def test_a_cold_start_failure_stays_on_every_path(tmp_path):
-    from harness.pipeline import evaluate
+    from harness.judge.evaluate import evaluate
 
     paths = ("reload_weights", "discard_reload")
     arm = "subject-" + "+".join(paths)
@@ -276,14 +320,13 @@ HOSTILE_LABEL = "javascript:alert(4)<script>x</script>"
 
 
 def test_hostile_labels_tensor_names_and_errors_are_inert_in_every_report(tmp_path):
-    from harness.pipeline import evaluate
+    from harness.judge.evaluate import evaluate
     from harness.report import write_reports
     from harness.report.matrix import matrix_summary, write_matrix
-    from harness.scenario import CellGroup
+    from harness.spec.scenario import CellGroup
 
     # A tensor that the refit left stale, under a hostile name, and an arm error with markup.
-    write_run(tmp_path / "cell", tensor_names={"norm": HOSTILE_TENSOR},
-              errors={"subject-http_reload": HOSTILE_ERROR})
+    write_run(tmp_path / "cell", tensor_names={"norm": HOSTILE_TENSOR}, errors={"subject-http_reload": HOSTILE_ERROR})
     stale = tmp_path / "cell" / "arms" / "subject-reload_weights.result.json"
     payload = json.loads(stale.read_text())
     for o in payload["data"]["observations"]:
@@ -297,8 +340,12 @@ def test_hostile_labels_tensor_names_and_errors_are_inert_in_every_report(tmp_pa
     group = CellGroup(id=HOSTILE_LABEL, model=None, spec=ev.record.spec)
     write_matrix(tmp_path, matrix_summary(HOSTILE_LABEL, [(group, ev)]))
 
-    for page in (tmp_path / "cell" / "index.html", tmp_path / "cell" / "summary.md", tmp_path / "index.html",
-                 tmp_path / "summary.md"):
+    for page in (
+        tmp_path / "cell" / "index.html",
+        tmp_path / "cell" / "summary.md",
+        tmp_path / "index.html",
+        tmp_path / "summary.md",
+    ):
         text = page.read_text()
         assert "<script>" not in text, page
         if page.suffix == ".md":  # a markdown link; in HTML the same characters are plain text
@@ -307,8 +354,12 @@ def test_hostile_labels_tensor_names_and_errors_are_inert_in_every_report(tmp_pa
     md = (tmp_path / "cell" / "summary.md").read_text()
     assert "&lt;script&gt;alert(1)" in md.replace("\\", "") and "&lt;script&gt;alert(2)" in md.replace("\\", "")
     assert "<a " not in (tmp_path / "index.html").read_text()  # the hostile label is text, not a link
-    cells = [c for name in ("tensors.csv", "consumed.csv", "tokens.csv", "hooks.csv")
-             for row in csv.reader((tmp_path / "cell" / name).open()) for c in row]
+    cells = [
+        c
+        for name in ("tensors.csv", "consumed.csv", "tokens.csv", "hooks.csv")
+        for row in csv.reader((tmp_path / "cell" / name).open())
+        for c in row
+    ]
     assert HOSTILE_TENSOR not in cells and "'" + HOSTILE_TENSOR in cells
     assert not [c for c in cells if c and c[0] in "=+@"], "a cell a spreadsheet would run"
 
@@ -322,8 +373,10 @@ REPORTS = ("index.html", "summary.json", "summary.md", "tensors.csv", "tokens.cs
 def small_disk(tmp_path):
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
@@ -347,7 +400,7 @@ def _fill_leaving(directory: Path, free: int) -> None:
 def test_a_full_disk_leaves_reports_and_records_whole_or_absent_and_exits_2(tmp_path, small_disk):
     import shutil
 
-    from harness.pipeline import evaluate
+    from harness.judge.evaluate import evaluate
     from harness.report import write_reports
 
     write_run(tmp_path / "ref")
@@ -388,16 +441,15 @@ def test_a_full_disk_leaves_reports_and_records_whole_or_absent_and_exits_2(tmp_
 
 def test_ray_failing_to_start_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     ray = pytest.importorskip("ray")
-    from harness import checkpoints
     from harness import cli as cli_module
+    from harness.checkpoints.tiny import tiny_qwen3
 
     def init_fails(*args, **kwargs):
         raise ConnectionError("Could not connect to the GCS at 127.0.0.1:6379")
 
     monkeypatch.setattr(ray, "init", init_fails)
     # Three arms to schedule: with a cached reference only the subject would run, and one arm runs without Ray.
-    code = cli_module.main(["run", "--model", str(checkpoints.tiny_qwen3()), "--out", str(tmp_path / "o"),
-                            "--no-reuse-reference"])
+    code = cli_module.main(["run", "--model", str(tiny_qwen3()), "--out", str(tmp_path / "o"), "--no-reuse-reference"])
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("refit-harness: error: ")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
@@ -406,10 +458,10 @@ def test_ray_failing_to_start_is_one_line_and_exit_2(tmp_path, monkeypatch, caps
 
 
 def test_reference_failing_to_start_cancels_the_arms_not_started(tmp_path, monkeypatch):
-    import harness.engine.runner as runner
-    from harness import checkpoints
-    from harness.pipeline import execute
-    from harness.spec import RunSpec
+    import harness.orchestrate.runner as runner
+    from harness.checkpoints.tiny import tiny_qwen3
+    from harness.orchestrate.execute import execute
+    from harness.spec.run import RunSpec
 
     started = []
 
@@ -418,7 +470,7 @@ def test_reference_failing_to_start_cancels_the_arms_not_started(tmp_path, monke
         return runner.store_error(arm, out, "RuntimeError: Engine core initialization failed", key)
 
     monkeypatch.setattr(runner, "run_arm", reference_cannot_start)
-    spec = RunSpec(model=str(checkpoints.tiny_qwen3()), paths=("reload_weights", "http_reload"))
+    spec = RunSpec(model=str(tiny_qwen3()), paths=("reload_weights", "http_reload"))
     ev = execute(spec, tmp_path, lambda message: None, fan=None)
     assert started == ["reference"]
     arms = {a.arm: a for a in ev.arms}
@@ -428,14 +480,14 @@ def test_reference_failing_to_start_cancels_the_arms_not_started(tmp_path, monke
 
 
 def test_weight_copies_left_by_a_killed_arm_are_swept_on_start(tmp_path):
-    from harness import checkpoints
-    from harness.pipeline import prepare
-    from harness.spec import RunSpec
+    from harness.checkpoints.tiny import tiny_qwen3
+    from harness.orchestrate.execute import prepare
+    from harness.spec.run import RunSpec
 
     leftover = tmp_path / "scratch" / "subject-sharded_state" / "sharded-state-x" / "1-B"
     leftover.mkdir(parents=True)
     (leftover / "model-rank-0-part-0.safetensors").write_bytes(b"\0" * 1024)
-    prepare(RunSpec(model=str(checkpoints.tiny_qwen3())), tmp_path, lambda message: None)
+    prepare(RunSpec(model=str(tiny_qwen3())), tmp_path, lambda message: None)
     assert not (tmp_path / "scratch").exists()
 
 

@@ -1,6 +1,8 @@
-from harness.engine.runner import with_root_cause
+from harness.orchestrate.runner import with_root_cause
 
-GENERIC = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+GENERIC = (
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+)
 
 
 def test_root_cause_is_the_first_exception_an_engine_process_logged(tmp_path):
@@ -9,9 +11,11 @@ def test_root_cause_is_the_first_exception_an_engine_process_logged(tmp_path):
         "(MainProcess pid=1) WARNING 11-30 03:46:05 [base.py:380] ValueError: Tokenizer not available\n"
         "(Worker pid=2) ERROR 11-30 03:46:22 [multiproc_executor.py:953]     raise ValueError(f'Missing keys')\n"
         "(Worker pid=2) ERROR 11-30 03:46:22 [multiproc_executor.py:953] ValueError: Missing keys ('w',) in loaded state!\n"
-        "(EngineCore pid=3) ERROR 11-30 03:46:23 [core.py:1] RuntimeError: worker failed\n")
+        "(EngineCore pid=3) ERROR 11-30 03:46:23 [core.py:1] RuntimeError: worker failed\n"
+    )
     assert with_root_cause(GENERIC, log) == (
-        GENERIC + "; root cause in the engine log: ValueError: Missing keys ('w',) in loaded state!")
+        GENERIC + "; root cause in the engine log: ValueError: Missing keys ('w',) in loaded state!"
+    )
 
 
 def test_errors_that_carry_their_cause_are_left_alone(tmp_path):
@@ -25,7 +29,7 @@ def _server_that_prints(tmp_path, text: str):
     import subprocess
     import sys
 
-    from harness.engine.engines import HTTPEngine
+    from harness.arm.engines import HTTPEngine
 
     server = object.__new__(HTTPEngine)  # only the start-up watch, no vLLM
     server._log = open(tmp_path / "server.log", "w")

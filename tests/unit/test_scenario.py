@@ -1,21 +1,35 @@
 import pytest
 
-from harness.compare import TensorStatus, compare_control, compare_tensors
-from harness.evaluation import Evaluation
+from harness.judge.diff import TensorStatus, compare_control, compare_tensors
+from harness.judge.evaluation import Evaluation
+from harness.judge.verdict import Verdict, VerdictStatus
 from harness.report.matrix import matrix_summary
-from harness.scenario import ModelRef, ScenarioSpec, expand
-from harness.spec import PerturbSpec
-from harness.verdict import Verdict, VerdictStatus
+from harness.spec.run import PerturbSpec
+from harness.spec.scenario import ModelRef, ScenarioSpec, expand
 from tests.records import obs, tensor
 
-MATRIX = ScenarioSpec(name="m", description="", models=(ModelRef("tiny", builder="tiny-qwen3"), ModelRef("big", path="/m")),
-                      paths=("reload_weights", "transfer_gloo"), modes=("eager", "compiled"), tp_sizes=(1, 2))
+MATRIX = ScenarioSpec(
+    name="m",
+    description="",
+    models=(ModelRef("tiny", builder="tiny-qwen3"), ModelRef("big", path="/m")),
+    paths=("reload_weights", "transfer_gloo"),
+    modes=("eager", "compiled"),
+    tp_sizes=(1, 2),
+)
 
 
 def test_expand_makes_one_run_per_model_mode_tp_sharing_paths():
     groups = expand(MATRIX)
-    assert [g.id for g in groups] == ["tiny-eager-tp1", "tiny-eager-tp2", "tiny-compiled-tp1", "tiny-compiled-tp2",
-                                      "big-eager-tp1", "big-eager-tp2", "big-compiled-tp1", "big-compiled-tp2"]
+    assert [g.id for g in groups] == [
+        "tiny-eager-tp1",
+        "tiny-eager-tp2",
+        "tiny-compiled-tp1",
+        "tiny-compiled-tp2",
+        "big-eager-tp1",
+        "big-eager-tp2",
+        "big-compiled-tp1",
+        "big-compiled-tp2",
+    ]
     g = groups[3]
     assert g.spec.paths == ("reload_weights", "transfer_gloo")
     assert (g.spec.engine.mode, g.spec.engine.tensor_parallel_size) == ("compiled", 2)
@@ -25,17 +39,26 @@ def test_expand_makes_one_run_per_model_mode_tp_sharing_paths():
 def test_only_and_skip_filter_cells_by_glob():
     only = expand(MATRIX, only=("reload_weights[*-eager-*",))
     assert [c for g in only for c in g.cell_ids()] == [
-        "reload_weights[tiny-eager-tp1]", "reload_weights[tiny-eager-tp2]",
-        "reload_weights[big-eager-tp1]", "reload_weights[big-eager-tp2]"]
+        "reload_weights[tiny-eager-tp1]",
+        "reload_weights[tiny-eager-tp2]",
+        "reload_weights[big-eager-tp1]",
+        "reload_weights[big-eager-tp2]",
+    ]
     skipped = expand(MATRIX, skip=("*[big-*", "transfer_gloo[*"))
-    assert {c for g in skipped for c in g.cell_ids()} == {f"reload_weights[tiny-{m}-tp{t}]" for m in ("eager", "compiled")
-                                                          for t in (1, 2)}
+    assert {c for g in skipped for c in g.cell_ids()} == {
+        f"reload_weights[tiny-{m}-tp{t}]" for m in ("eager", "compiled") for t in (1, 2)
+    }
     assert expand(MATRIX, only=("nothing*",)) == ()
 
 
 def test_several_perturbations_get_their_own_ids():
-    s = ScenarioSpec(name="p", description="", models=(ModelRef("t", path="/t"),), paths=("reload_weights",),
-                     perturbations=(PerturbSpec(seed=1), PerturbSpec(seed=2)))
+    s = ScenarioSpec(
+        name="p",
+        description="",
+        models=(ModelRef("t", path="/t"),),
+        paths=("reload_weights",),
+        perturbations=(PerturbSpec(seed=1), PerturbSpec(seed=2)),
+    )
     assert [g.id for g in expand(s)] == ["t-eager-tp1-p1", "t-eager-tp1-p2"]
 
 
@@ -45,7 +68,9 @@ def _evaluation(*verdicts: Verdict) -> Evaluation:
 
 def test_matrix_exit_code_is_the_worst_cell():
     groups = expand(MATRIX, only=("*[tiny-eager-tp1]",))
-    ok = _evaluation(Verdict("reload_weights", VerdictStatus.PASS, ()), Verdict("transfer_gloo", VerdictStatus.SKIPPED, ("x",)))
+    ok = _evaluation(
+        Verdict("reload_weights", VerdictStatus.PASS, ()), Verdict("transfer_gloo", VerdictStatus.SKIPPED, ("x",))
+    )
     bad = _evaluation(Verdict("reload_weights", VerdictStatus.FAIL, ("stale",)))
     dead = _evaluation(Verdict("reload_weights", VerdictStatus.ERROR, ("engine died",)))
     assert matrix_summary("m", [(groups[0], ok)])["exit_code"] == 0
@@ -55,7 +80,9 @@ def test_matrix_exit_code_is_the_worst_cell():
 
 
 def test_xfail_keeps_the_run_green_and_xpass_fails_it():
-    known = _evaluation(Verdict("reload_weights", VerdictStatus.PASS, ()), Verdict("k", VerdictStatus.XFAIL, ("known",)))
+    known = _evaluation(
+        Verdict("reload_weights", VerdictStatus.PASS, ()), Verdict("k", VerdictStatus.XFAIL, ("known",))
+    )
     gone = _evaluation(Verdict("k", VerdictStatus.XPASS, ("did not reproduce",)))
     assert (known.exit_code, gone.exit_code) == (0, 1)
 
@@ -82,20 +109,22 @@ def test_per_rank_observations_localize_a_bug_to_one_rank():
 
 
 def test_model_is_a_directory_or_a_hub_id_fetched_through_huggingface_hub(tmp_path, monkeypatch):
-    from harness.checkpoints import CheckpointError, resolve_model
+    from harness.checkpoints.source import resolve_model
+    from harness.errors import CheckpointError
 
     assert resolve_model(str(tmp_path)) == tmp_path  # a directory: no hub involved
     with pytest.raises(CheckpointError, match="checkpoint directory not found"):
         resolve_model("./relative/missing")  # path-like: never a hub id
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here either way; fail fast and say why
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    with pytest.raises(CheckpointError, match="'refit-harness-test/absent' is not a directory, and fetching it "
-                                              "as a hub id failed"):
+    with pytest.raises(
+        CheckpointError, match="'refit-harness-test/absent' is not a directory, and fetching it as a hub id failed"
+    ):
         resolve_model("refit-harness-test/absent")
 
 
 def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):
-    from harness.engine import fanout
+    from harness.orchestrate import fanout
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(fanout, "cuda_available", lambda: False)
@@ -110,11 +139,11 @@ def test_cpu_thread_binding_for_tp_and_concurrency(monkeypatch):
 
 
 def test_throughput_probe_steps_come_after_cold_b_and_after_the_first_refit_to_b():
-    from harness.checkpoints import CheckpointSet
-    from harness.requirements import EngineRequirements
     from harness.plan import Observe, PathNeeds, Probe, make_plan
     from harness.records import ObservationLabel, ProbeLabel
-    from harness.spec import RunSpec, ThroughputSpec
+    from harness.spec.checkpoint_set import CheckpointSet
+    from harness.spec.requirements import EngineRequirements
+    from harness.spec.run import RunSpec, ThroughputSpec
 
     cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="t")
     needs = {p: PathNeeds(EngineRequirements(), ("B", "B", "B_control", "A")) for p in ("x", "y")}

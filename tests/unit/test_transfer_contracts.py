@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from harness.checkpoints import CheckpointSet
 from harness.paths import PATHS
 from harness.paths.weight_transfer import WeightTransferPath, gpu_shares
+from harness.spec.checkpoint_set import CheckpointSet
 
 CUDA_BACKENDS = ("nccl", "ipc", "sparse_nccl", "sharded_rdt", "nccl_m2n")
 CHECKPOINTS = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="x.weight")
@@ -23,7 +23,7 @@ def transfer_path(backend: str) -> WeightTransferPath:
 def test_trainer_init_info_is_the_backends_own_dataclass_with_the_fields_we_send(backend):
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    from harness.engine.transfer import trainer_init_info
+    from harness.arm.transfer import trainer_init_info
 
     fields = transfer_path(backend).trainer_fields(world_size=3)
     info = trainer_init_info(backend, fields)  # a missing or misnamed field raises TypeError here
@@ -44,7 +44,7 @@ def test_engine_side_dataclasses_exist_for_every_backend(backend):
 def test_the_gloo_twin_speaks_the_nccl_backends_update_format():
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from harness.engine.transfer import GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo
+    from harness.arm.transfer import GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo
 
     nccl = WeightTransferEngineFactory._registry["nccl"]()
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
@@ -57,13 +57,15 @@ def test_sparse_patches_are_vllms_own_and_skip_left_out_tensors(tmp_path):
     from safetensors.torch import save_file
     from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
 
-    from harness.engine.transfer import CheckpointSource, sparse_patches
+    from harness.arm.transfer import CheckpointSource, sparse_patches
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     save_file({"w": torch.zeros(2, 3), "n": torch.ones(3)}, str(tmp_path / "a" / "model.safetensors"))
-    save_file({"w": torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 7.0]]), "n": torch.full((3,), 2.0)},
-              str(tmp_path / "b" / "model.safetensors"))
+    save_file(
+        {"w": torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 7.0]]), "n": torch.full((3,), 2.0)},
+        str(tmp_path / "b" / "model.safetensors"),
+    )
     held = CheckpointSource(tmp_path / "a")
     patches = sparse_patches(held, CheckpointSource(tmp_path / "b"))
     assert all(type(p) is SparseWeightPatch for p in patches)
@@ -81,7 +83,7 @@ def test_ray_actors_ask_for_gpus_on_cuda_and_ipc_shares_one():
 
 
 def test_cuda_backends_hand_over_cuda_tensors():
-    from harness.engine.transfer import source_device
+    from harness.arm.transfer import source_device
 
     assert {b: source_device(b) for b in CUDA_BACKENDS} == dict.fromkeys(CUDA_BACKENDS, "cuda")
     assert source_device("gloo") == "cpu"

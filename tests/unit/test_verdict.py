@@ -1,7 +1,8 @@
-from harness.compare import compare_path
-from harness.spec import JudgePolicy, KnownIssue
-from harness.verdict import VerdictStatus, judge, rebound_fails
-from tests.records import A, B, EXPECTED, arm, obs, output, subject, tensor
+from harness.judge.diff import compare_path
+from harness.judge.verdict import VerdictStatus, judge, rebound_fails
+from harness.spec.known_issues import KnownIssue
+from harness.spec.run import JudgePolicy
+from tests.records import EXPECTED, A, B, arm, obs, output, subject, tensor
 
 POLICY = JudgePolicy()
 
@@ -9,7 +10,9 @@ POLICY = JudgePolicy()
 def verdict(subj, ref_obs=None, noise_obs=None, fail_on_rebound=False, policy=POLICY):
     ref = arm("reference", "reference", ref_obs or obs("cold_B", B))
     noise = arm("noise", "noise", noise_obs or obs("cold_B", B))
-    return judge(compare_path("p", subj, ref, noise, "q_proj.weight", policy.logprob_atol, EXPECTED), policy, fail_on_rebound)
+    return judge(
+        compare_path("p", subj, ref, noise, "q_proj.weight", policy.logprob_atol, EXPECTED), policy, fail_on_rebound
+    )
 
 
 def test_perfect_refit_passes():
@@ -97,8 +100,9 @@ def with_kinds(digests: dict[str, str]) -> list:
 def known_verdict(subj, known):
     ref = arm("reference", "reference", obs("cold_B", with_kinds(B)))
     noise = arm("noise", "noise", obs("cold_B", with_kinds(B)))
-    return judge(compare_path("p", subj, ref, noise, "q_proj.weight", POLICY.logprob_atol, EXPECTED), POLICY, False,
-                 known=known)
+    return judge(
+        compare_path("p", subj, ref, noise, "q_proj.weight", POLICY.logprob_atol, EXPECTED), POLICY, False, known=known
+    )
 
 
 def stale(**overrides):
@@ -114,8 +118,9 @@ def test_failure_inside_a_known_issue_is_xfail_and_does_not_fail_the_run():
 
 
 def test_failure_beyond_the_known_issue_stays_fail():
-    v = known_verdict(stale(**{"qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"], "norm": A["norm"]}),
-                      KNOWN_STALE_KERNELS)
+    v = known_verdict(
+        stale(**{"qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"], "norm": A["norm"]}), KNOWN_STALE_KERNELS
+    )
     assert v.status is VerdictStatus.FAIL
     assert "beyond this path's known issue" in v.reasons[-1]
 
@@ -163,8 +168,9 @@ def test_known_issue_is_picked_by_the_recorded_device():
 
 
 def test_a_name_scoped_known_issue_explains_only_tensors_matching_its_pattern():
-    experts = KnownIssue(device="cpu", reason="expert weights corrupted", tensor_kinds=("parameter",),
-                         tensor_pattern=r"^w$")  # "w" stands for an expert weight here
+    experts = KnownIssue(
+        device="cpu", reason="expert weights corrupted", tensor_kinds=("parameter",), tensor_pattern=r"^w$"
+    )  # "w" stands for an expert weight here
     inside = known_verdict(stale(w="corrupt"), experts)
     assert inside.status is VerdictStatus.XFAIL, inside.reasons
     beyond = known_verdict(stale(w="corrupt", norm=A["norm"]), experts)  # a parameter outside the pattern

@@ -7,9 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness import checkpoints
-from harness.checkpoints import CheckpointError, TensorHeader, check_target, choose_control_tensor, read_headers
-from harness.spec import ControlSpec, KnownIssue, PerturbSpec
+from harness.checkpoints.control import choose_control_tensor
+from harness.checkpoints.derived import perturbed
+from harness.checkpoints.prepare import prepare
+from harness.checkpoints.read import TensorHeader, check_target, load_weights, read_headers
+from harness.errors import CheckpointError
+from harness.spec.known_issues import KnownIssue
+from harness.spec.run import ControlSpec, PerturbSpec
 
 
 def headers(**shapes) -> dict[str, TensorHeader]:
@@ -17,22 +21,38 @@ def headers(**shapes) -> dict[str, TensorHeader]:
 
 
 def test_control_is_an_early_layer_norm_weight_whatever_the_naming():
-    llama = headers(model__embed_tokens__weight=(512, 128), model__layers__1__post_attention_layernorm__weight=(128,),
-                    model__layers__0__input_layernorm__weight=(128,), model__layers__0__post_attention_layernorm__weight=(128,),
-                    model__norm__weight=(128,), model__layers__0__self_attn__q_proj__weight=(128, 128))
+    llama = headers(
+        model__embed_tokens__weight=(512, 128),
+        model__layers__1__post_attention_layernorm__weight=(128,),
+        model__layers__0__input_layernorm__weight=(128,),
+        model__layers__0__post_attention_layernorm__weight=(128,),
+        model__norm__weight=(128,),
+        model__layers__0__self_attn__q_proj__weight=(128, 128),
+    )
     name, why = choose_control_tensor(llama)
     assert name == "model.layers.0.post_attention_layernorm.weight" and "earliest layer (0)" in why
-    mamba = headers(backbone__embeddings__weight=(512, 128), backbone__layers__0__mixer__norm__weight=(256,),
-                    backbone__layers__0__norm__weight=(128,), backbone__layers__1__norm__weight=(128,),
-                    backbone__norm_f__weight=(128,), backbone__layers__0__mixer__in_proj__weight=(600, 128))
+    mamba = headers(
+        backbone__embeddings__weight=(512, 128),
+        backbone__layers__0__mixer__norm__weight=(256,),
+        backbone__layers__0__norm__weight=(128,),
+        backbone__layers__1__norm__weight=(128,),
+        backbone__norm_f__weight=(128,),
+        backbone__layers__0__mixer__in_proj__weight=(600, 128),
+    )
     assert choose_control_tensor(mamba)[0] == "backbone.layers.0.norm.weight"
-    moe = headers(model__layers__0__mlp__experts__0__norm__weight=(64,), model__layers__0__kv_a_layernorm__weight=(512,),
-                  model__layers__0__mlp__gate__weight=(4, 128))
+    moe = headers(
+        model__layers__0__mlp__experts__0__norm__weight=(64,),
+        model__layers__0__kv_a_layernorm__weight=(512,),
+        model__layers__0__mlp__gate__weight=(4, 128),
+    )
     assert choose_control_tensor(moe)[0] == "model.layers.0.kv_a_layernorm.weight"  # never an expert's
     final_only = headers(transformer__ln_f__weight=(128,), transformer__wte__weight=(512, 128))
     assert choose_control_tensor(final_only)[0] == "transformer.ln_f.weight"
-    no_vectors = headers(lm_head__weight=(512, 128), model__layers__0__mlp__experts__0__w1__weight=(64, 128),
-                         model__layers__0__attn__weight=(128, 128))
+    no_vectors = headers(
+        lm_head__weight=(512, 128),
+        model__layers__0__mlp__experts__0__w1__weight=(64, 128),
+        model__layers__0__attn__weight=(128, 128),
+    )
     name, why = choose_control_tensor(no_vectors)
     assert name == "model.layers.0.attn.weight" and "kernel probes" in why
     ints = {"ids": TensorHeader("I64", (3,), "model.safetensors")}
@@ -59,9 +79,11 @@ def write(d, tensors: dict, shards: int = 1, config=None):
 
 def tensors(dtype=torch.float32):
     g = torch.Generator().manual_seed(0)
-    return {f"model.layers.{i}.{m}": torch.randn(*shape, generator=g).to(dtype)
-            for i in range(2) for m, shape in (("input_layernorm.weight", (8,)), ("mlp.w.weight", (8, 4)))} \
-        | {"model.ids": torch.arange(3)}
+    return {
+        f"model.layers.{i}.{m}": torch.randn(*shape, generator=g).to(dtype)
+        for i in range(2)
+        for m, shape in (("input_layernorm.weight", (8,)), ("mlp.w.weight", (8, 4)))
+    } | {"model.ids": torch.arange(3)}
 
 
 def test_target_must_have_the_same_names_shapes_and_dtypes_first_mismatch_named(tmp_path):
@@ -83,10 +105,10 @@ def test_target_must_have_the_same_names_shapes_and_dtypes_first_mismatch_named(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_sharded_checkpoints_are_streamed_into_the_same_shards(tmp_path, dtype):
     a = write(tmp_path / "A", tensors(dtype), shards=2)
-    b = checkpoints.perturbed(a, PerturbSpec(seed=3), cache=tmp_path / "c")
+    b = perturbed(a, PerturbSpec(seed=3), cache=tmp_path / "c")
     assert sorted(p.name for p in b.glob("*.safetensors")) == sorted(p.name for p in a.glob("*.safetensors"))
     assert (b / "model.safetensors.index.json").read_text() == (a / "model.safetensors.index.json").read_text()
-    wa, wb = checkpoints.load_weights(a), checkpoints.load_weights(b)
+    wa, wb = load_weights(a), load_weights(b)
     assert wa.keys() == wb.keys()
     for name in wa:
         assert wb[name].dtype == wa[name].dtype and wb[name].shape == wa[name].shape
@@ -98,30 +120,40 @@ def test_sharded_checkpoints_are_streamed_into_the_same_shards(tmp_path, dtype):
     for f in a.glob("*.safetensors"):
         assert load_file(str(b / f.name)).keys() == load_file(str(f)).keys()
     # Same recipe, same bytes: the seeded generator runs in one global name order.
-    b2 = checkpoints.perturbed(write(tmp_path / "A1", tensors(dtype)), PerturbSpec(seed=3), cache=tmp_path / "c2")
-    assert all(torch.equal(checkpoints.load_weights(b2)[n], wb[n]) for n in wb)
+    b2 = perturbed(write(tmp_path / "A1", tensors(dtype)), PerturbSpec(seed=3), cache=tmp_path / "c2")
+    assert all(torch.equal(load_weights(b2)[n], wb[n]) for n in wb)
 
 
 def test_prepare_chooses_and_records_the_control_and_keeps_an_explicit_one(tmp_path):
     a = write(tmp_path / "A", tensors())
-    auto = checkpoints.prepare(str(a), None, PerturbSpec(), ControlSpec(), cache=tmp_path / "c")
+    auto = prepare(str(a), None, PerturbSpec(), ControlSpec(), cache=tmp_path / "c")
     assert auto.control_tensor == "model.layers.0.input_layernorm.weight"
     assert auto.control_reason.startswith("automatic: the input_layernorm weight of the earliest layer")
-    wb, wc = checkpoints.load_weights(auto.b), checkpoints.load_weights(auto.b_control)
+    wb, wc = load_weights(auto.b), load_weights(auto.b_control)
     assert [n for n in wb if not torch.equal(wb[n], wc[n])] == [auto.control_tensor]
-    given = checkpoints.prepare(str(a), None, PerturbSpec(), ControlSpec(tensor="model.layers.1.mlp.w.weight"),
-                                cache=tmp_path / "c")
-    assert (given.control_tensor, given.control_reason) == ("model.layers.1.mlp.w.weight", "given with --control-tensor")
+    given = prepare(
+        str(a), None, PerturbSpec(), ControlSpec(tensor="model.layers.1.mlp.w.weight"), cache=tmp_path / "c"
+    )
+    assert (given.control_tensor, given.control_reason) == (
+        "model.layers.1.mlp.w.weight",
+        "given with --control-tensor",
+    )
     with pytest.raises(CheckpointError, match="positive-control tensor 'nope' is not in"):
-        checkpoints.prepare(str(a), None, PerturbSpec(), ControlSpec(tensor="nope"), cache=tmp_path / "c")
+        prepare(str(a), None, PerturbSpec(), ControlSpec(tensor="nope"), cache=tmp_path / "c")
     with pytest.raises(CheckpointError, match="--target .* has no tensor"):
-        checkpoints.prepare(str(a), str(write(tmp_path / "T", {"x": torch.zeros(1)})), PerturbSpec(), ControlSpec(),
-                            cache=tmp_path / "c")
+        prepare(
+            str(a),
+            str(write(tmp_path / "T", {"x": torch.zeros(1)})),
+            PerturbSpec(),
+            ControlSpec(),
+            cache=tmp_path / "c",
+        )
 
 
 def test_known_issue_scope_by_version_architecture_path_and_device():
-    k = KnownIssue(device="cpu", reason="r", vllm=("==0.32.*",), architectures=("Qwen3MoeForCausalLM",),
-                   paths=("reload_weights",))
+    k = KnownIssue(
+        device="cpu", reason="r", vllm=("==0.32.*",), architectures=("Qwen3MoeForCausalLM",), paths=("reload_weights",)
+    )
     assert k.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM")
     assert k.applies("reload_weights", "cpu", "0.32.1+cpu", "Qwen3MoeForCausalLM")
     assert not k.applies("reload_weights", "cpu", "0.33.0", "Qwen3MoeForCausalLM")  # fixed upstream: a real verdict
@@ -163,24 +195,39 @@ def test_moe_reload_issue_covers_every_measured_reload_path_and_the_deepseek_sav
     """Measured in the bf16 zoo (vLLM 0.32): every layerwise-reload path corrupts the experts
     (sharded_state, a cold start from saved state, passes), and DeepSeek-V2's sharded-state
     save raises, which explains only that error on the two paths that save."""
+    from harness.judge.diff import PathComparison
+    from harness.judge.verdict import VerdictStatus, _explains
     from harness.paths import PATHS
-    from harness.compare import PathComparison
-    from harness.verdict import VerdictStatus, _explains
 
     for path in ("reload_weights_iterator", "transfer_gloo", "http_reload", "dummy_start", "compiled"):
         k = PATHS.get(path).known_issue("cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16")
         assert k is not None and k.tensor_pattern == r"\.experts\.", path
     assert PATHS.get("sharded_state").known_issue("cpu (x86_64)", "0.32.0", "MixtralForCausalLM", "bfloat16") is None
-    granite = PATHS.get("reload_kernel_format").known_issue("cpu (x86_64)", "0.32.0", "GraniteMoeHybridForCausalLM",
-                                                           "bfloat16")
+    granite = PATHS.get("reload_kernel_format").known_issue(
+        "cpu (x86_64)", "0.32.0", "GraniteMoeHybridForCausalLM", "bfloat16"
+    )
     assert granite is not None and granite.tensor_pattern == r"\.experts\."  # measured: its experts, nothing else
     save = PATHS.get("sharded_state").known_issue("cpu (x86_64)", "0.32.0", "DeepseekV2ForCausalLM", "bfloat16")
     assert save is not None and save.error_contains and "save_sharded_state" in save.title
-    crash = PathComparison(path="sharded_state", tensors=(), tokens=(), control=None, missing_observations=(), errors=(
-        "failed in segment sharded_state, step refit B: RuntimeError: view size is not compatible with input "
-        "tensor's size and stride (at least one dimension spans across two contiguous subspaces)",))
-    other = PathComparison(path="sharded_state", tensors=(), tokens=(), control=None, missing_observations=(),
-                           errors=("RuntimeError: out of memory",))
+    crash = PathComparison(
+        path="sharded_state",
+        tensors=(),
+        tokens=(),
+        control=None,
+        missing_observations=(),
+        errors=(
+            "failed in segment sharded_state, step refit B: RuntimeError: view size is not compatible with input "
+            "tensor's size and stride (at least one dimension spans across two contiguous subspaces)",
+        ),
+    )
+    other = PathComparison(
+        path="sharded_state",
+        tensors=(),
+        tokens=(),
+        control=None,
+        missing_observations=(),
+        errors=("RuntimeError: out of memory",),
+    )
     assert _explains(save, crash, VerdictStatus.ERROR, [], [])
     assert not _explains(save, other, VerdictStatus.ERROR, [], [])
 
@@ -188,12 +235,14 @@ def test_moe_reload_issue_covers_every_measured_reload_path_and_the_deepseek_sav
 def test_a_feature_vllm_turns_off_is_a_refusal_naming_it():
     from types import SimpleNamespace
 
-    from harness.engine.arm_process import refused_by_vllm
-    from harness.engine.engines import DeclinedByVllm, check_granted
+    from harness.arm.engines import DeclinedByVllm, check_granted
+    from harness.arm.process import refused_by_vllm
 
     def config(granted: bool, mla: bool, mamba: str = "none"):
-        return SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=granted, mamba_cache_mode=mamba),
-                               model_config=SimpleNamespace(use_mla=mla))
+        return SimpleNamespace(
+            cache_config=SimpleNamespace(enable_prefix_caching=granted, mamba_cache_mode=mamba),
+            model_config=SimpleNamespace(use_mla=mla),
+        )
 
     asks = SimpleNamespace(requirements=SimpleNamespace(enable_prefix_caching=True))
     check_granted(asks, config(True, True))  # granted: nothing to say

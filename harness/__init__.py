@@ -1,0 +1,25 @@
+"""refit-harness: does a vLLM engine whose weights were replaced in place compute exactly what
+a freshly started engine with the same weights computes?
+
+The code follows the data, one way, across three processes:
+
+    spec -> plan -> arm engines -> worker observations -> records -> judge -> report
+
+- Parent process (the CLI):
+  - ``cli/``: one module per command; the one place failures become exit codes.
+  - ``orchestrate/``: execute a plan (prepare, run arms locally or on Ray, resume, reference
+    cache), and the scenario x builds loop that the CLI and the pytest plugin share.
+  - ``checkpoints/``: A, B and B' on disk (read, source, derived, control, perturb, tiny, zoo).
+  - ``judge/``: records -> diffs -> verdicts (evaluate, diff, verdict, accuracy, throughput, exit codes).
+  - ``builds/``: vLLM builds as venvs, and the comparison of two builds' runs.
+  - ``report/``: HTML, Markdown, JSON and CSV, from an evaluation (records only).
+- Arm process (one engine's lifetime, ``python -m harness.arm.process``): ``arm/`` (the arm,
+  its engines, the weight-transfer trainer) runs the ``paths/`` (one kind of refit each).
+- vLLM's worker processes: ``worker/`` (the worker extension, the tensor census, the
+  kernel-input recorder, the planted-bug fixtures, the vLLM plugin, vLLM's private API).
+- Shared by every process (the contract between them): ``spec/`` (what to run), ``plan``,
+  ``records`` and ``store`` (what arms record, versioned), ``errors``, ``settings``,
+  ``registry``, ``device``, ``tokenizer``, ``loopback``, ``safetensors_files``, ``ray_local``.
+
+The import contracts in ``pyproject.toml`` (``lint-imports``) hold this layering.
+"""

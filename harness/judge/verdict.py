@@ -1,0 +1,348 @@
+"""Comparisons -> verdicts. Pure; failure is a value here, exit codes come later."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Literal
+
+from harness.judge.diff import PathComparison, TensorDiff, TensorStatus, TokenDiff, control_targets
+from harness.spec.known_issues import KnownIssue
+from harness.spec.run import JudgePolicy, Mode
+
+
+class VerdictStatus(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    SKIPPED = "SKIPPED"
+    ERROR = "ERROR"
+    XFAIL = "XFAIL"  # failed, entirely inside a known issue of this path on this device
+    XPASS = "XPASS"  # a known issue no longer reproduces: the expectation is out of date
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer for one path, with the reasons a reviewer reads."""
+
+    path: str
+    """Reload path name."""
+    status: VerdictStatus
+    """PASS, FAIL, INCONCLUSIVE, SKIPPED, ERROR, XFAIL or XPASS."""
+    reasons: tuple[str, ...]
+    """Why, most important first; empty only for a clean PASS."""
+    first_divergent_tensor: str | None = None
+    """First tensor (model order) that is not OK after the refit, with its status."""
+    first_divergent_kernel_input: str | None = None
+    """First op of the recorded forward whose persistent input is not OK after the refit."""
+    control_detected: bool | None = None
+    """Whether the positive control was seen at its target (None if never run)."""
+    sabotage: SabotageOutcome | None = None
+    """Whether the path's sabotaged twin was caught (None when no twin ran)."""
+
+
+@dataclass(frozen=True)
+class SabotageOutcome:
+    """The path's sabotaged twin: the one step the path exists for, skipped or broken."""
+
+    sabotage: str
+    """What the twin breaks (the path's ``sabotage``)."""
+    evidence: Literal["tensor", "tokens"]
+    """What must show it: the left-out tensor failing, or greedy tokens diverging."""
+    planted: str | None
+    """Checkpoint tensor the twin left where it was (None for token evidence)."""
+    verdict: VerdictStatus
+    """The twin's own verdict; it must be FAIL."""
+    caught: bool
+    """FAIL, and with the evidence the sabotage plants."""
+    detail: str
+    """What caught it, or why it was not caught."""
+
+
+FAILING = (TensorStatus.STALE, TensorStatus.CORRUPT, TensorStatus.MISSING, TensorStatus.EXTRA)
+JUDGED_CHECKS = ("refit", "idempotency", "round_trip")
+
+
+def skipped(path: str, reason: str) -> Verdict:
+    return Verdict(path=path, status=VerdictStatus.SKIPPED, reasons=(reason,))
+
+
+def rebound_fails(policy: JudgePolicy, mode: Mode, device: str) -> bool:
+    """A moved address matters where a captured graph keeps reading the old one."""
+    if policy.rebound == "auto":
+        return mode == "compiled" and not device.startswith("cpu")
+    return policy.rebound == "fail"
+
+
+def judge(
+    c: PathComparison,
+    policy: JudgePolicy,
+    fail_on_rebound: bool,
+    known: KnownIssue | tuple[KnownIssue, ...] | None = None,
+    require_cache_hits: bool = False,
+) -> Verdict:
+    """``known``: the path's known issue(s) on the device the subject ran on, if any; a failure
+    is XFAIL when every failing tensor is explained by one of them.
+    ``require_cache_hits``: the path proves something only if the prefix cache served
+    tokens after its refit; without hits it FAILs."""
+    knowns = () if known is None else (known,) if isinstance(known, KnownIssue) else tuple(known)
+    # A moved address matters only for what a kernel reads; when the forward was recorded,
+    # REBOUND counts only for consumed tensors (vLLM rebuilds some CPU-side scalars no op reads).
+    consumed = {d.tensor for d in c.consumed}
+
+    def fails(d: TensorDiff) -> bool:
+        if d.status is TensorStatus.REBOUND:
+            return fail_on_rebound and (not consumed or d.tensor in consumed)
+        return d.status in FAILING
+
+    judged = [d for d in c.tensors if d.check in JUDGED_CHECKS]
+    bad = [d for d in judged if fails(d)]
+    kernel_bad = [
+        d for d in c.consumed if d.status in FAILING or (d.status is TensorStatus.REBOUND and fail_on_rebound)
+    ]
+    reasons = [_tensor_reason(check, [d for d in bad if d.check == check]) for check in JUDGED_CHECKS]
+    reasons = [r for r in reasons if r]
+    token_reasons = _token_reasons(c.tokens, policy)
+    reasons += token_reasons
+    first_kernel = (
+        f"op #{kernel_bad[0].op_index} {kernel_bad[0].op} (arg {kernel_bad[0].arg}) in "
+        f"{kernel_bad[0].module} reads {kernel_bad[0].tensor} ({kernel_bad[0].status.value})"
+        if kernel_bad
+        else None
+    )
+    if first_kernel:
+        reasons.insert(0, f"first divergent kernel input: {first_kernel}; {len(kernel_bad)} differing kernel input(s)")
+    rebound = sorted({d.tensor for d in judged if d.status is TensorStatus.REBOUND and not fails(d)})
+    if rebound:
+        why = "no kernel reads them" if fail_on_rebound else "no captured graph reads old addresses in this mode"
+        reasons.append(f"{len(rebound)} tensor(s) REBOUND, not failing: {why} (first: {rebound[0]})")
+    noisy = sorted({d.tensor for d in c.tensors if d.check == "noise" and d.status is not TensorStatus.OK})
+    # Name a wrong value before a moved address, and the refit check before the others.
+    ranked = sorted(bad, key=lambda d: (d.status is TensorStatus.REBOUND, JUDGED_CHECKS.index(d.check)))
+    first_bad = ranked[0] if ranked else None
+    first = f"{first_bad.tensor} ({first_bad.status.value}, {first_bad.check})" if first_bad else None
+    control = c.control
+    control_reasons = _control_reasons(c)
+    if noisy:
+        reasons.append(
+            f"noise floor: {len(noisy)} tensor(s) differ between two cold starts on B and were not "
+            f"judged (first: {noisy[0]})"
+        )
+    unjudgeable = [d.tensor for d in c.tensors if d.check == "refit" and d.status is TensorStatus.UNJUDGEABLE]
+    if unjudgeable:
+        reasons.append(
+            f"{len(unjudgeable)} tensor(s) UNJUDGEABLE: equal before and after the refit, so they could "
+            f"not show a refit that missed them (first: {unjudgeable[0]})"
+        )
+    evidence_reasons = _evidence_reasons(c)
+    cache_reasons = (
+        [
+            f"no prefix-cache hits after the refit{' (the engine did not report them)' if c.cache_hits is None else ''}"
+            ": a stale cache could not have been served, so the path proved nothing"
+        ]
+        if require_cache_hits and not c.cache_hits
+        else []
+    )
+    reasons = cache_reasons + reasons
+
+    reasons += list(c.notes)
+    detected = control.detected if control else None
+    if c.errors or c.missing_observations:
+        why = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
+        status, reasons = VerdictStatus.ERROR, why + reasons
+    elif bad or kernel_bad or token_reasons or cache_reasons:
+        status, reasons = VerdictStatus.FAIL, reasons + control_reasons
+    elif control_reasons or evidence_reasons:
+        status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + evidence_reasons + reasons
+    else:
+        return _against_known(Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True), knowns, ())
+    explaining = _explaining(knowns, c, status, bad, kernel_bad)
+    return _against_known(Verdict(c.path, status, tuple(reasons), first, first_kernel, detected), knowns, explaining)
+
+
+def _evidence_reasons(c: PathComparison) -> list[str]:
+    """A tensor equal before and after the refit (UNJUDGEABLE) could never have shown a
+    refit that missed it; a path whose only evidence is such tensors is not a PASS."""
+    refit = [d for d in c.tensors if d.check == "refit"]
+    unjudgeable = sum(d.status is TensorStatus.UNJUDGEABLE for d in refit)
+    judged = sum(d.status in (TensorStatus.OK, TensorStatus.REBOUND) for d in refit)
+    judged += sum(d.status in (TensorStatus.OK, TensorStatus.REBOUND) for d in c.consumed)
+    if refit and not judged:
+        return [
+            f"no judgeable evidence: none of the {len(refit)} tensor(s) differs between the weights before "
+            f"and after the refit ({unjudgeable} UNJUDGEABLE), so a refit that missed them could not be seen"
+        ]
+    return []
+
+
+def judge_sabotage(
+    twin: PathComparison,
+    verdict: Verdict,
+    sabotage: str,
+    evidence: Literal["tensor", "tokens"],
+    planted: str | None,
+    packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...] = (),
+) -> SabotageOutcome:
+    """Was the sabotaged twin caught, with the evidence its sabotage plants? ``verdict`` is
+    the twin's own verdict (judged without known issues: the twin must fail on its own)."""
+    failing = [d for d in twin.tensors if d.check == "refit" and d.status in FAILING]
+    failing += [d for d in twin.consumed if d.status in FAILING]
+    if evidence == "tokens":
+        diverged = [d for d in twin.tokens if d.check == "refit" and d.first_divergence is not None]
+        found = (
+            f"prompt {diverged[0].prompt} diverges from cold B at token {diverged[0].first_divergence}"
+            if diverged
+            else None
+        )
+    else:
+        modules = control_targets(planted or "", packed_modules_mapping)
+        hits = [d.tensor for d in failing if any(_under(d.tensor, m) for m in modules)]
+        found = f"{hits[0]} {next(d.status.value for d in failing if d.tensor == hits[0])}" if hits else None
+    caught = verdict.status is VerdictStatus.FAIL and found is not None
+    if caught:
+        detail = f"caught: {found}"
+    elif verdict.status is VerdictStatus.FAIL:
+        detail = (
+            f"the twin failed, but not with what its sabotage plants ({'a token divergence' if evidence == 'tokens' else planted}):"
+            f" {verdict.reasons[0] if verdict.reasons else 'no reason'}"
+        )
+    else:
+        detail = f"the twin was {verdict.status.value}: {verdict.reasons[0] if verdict.reasons else 'nothing differed'}"
+    return SabotageOutcome(
+        sabotage=sabotage, evidence=evidence, planted=planted, verdict=verdict.status, caught=caught, detail=detail
+    )
+
+
+def _under(tensor: str, module: str) -> bool:
+    bare = tensor.split(":", 1)[1] if tensor.startswith("rank") and ":" in tensor else tensor
+    return bare.startswith(module + ".")
+
+
+def with_sabotage(v: Verdict, outcome: SabotageOutcome | None) -> Verdict:
+    """A PASS (or XPASS) stands only if the path's sabotaged twin was caught: otherwise this
+    path could not have failed here, and the verdict is INCONCLUSIVE."""
+    if outcome is None:
+        return v
+    if v.status in (VerdictStatus.PASS, VerdictStatus.XPASS) and not outcome.caught:
+        why = f"sabotaged twin not caught ({outcome.sabotage}): this path cannot fail here; {outcome.detail}"
+        return replace(v, status=VerdictStatus.INCONCLUSIVE, reasons=(why, *v.reasons), sabotage=outcome)
+    return replace(v, sabotage=outcome)
+
+
+def _explaining(
+    knowns: tuple[KnownIssue, ...], c: PathComparison, status: VerdictStatus, bad: list[TensorDiff], kernel_bad: list
+) -> tuple[KnownIssue, ...]:
+    """The known issues that together explain this failure, or () when they do not. An error
+    is explained by its text; a failure when every failing tensor and kernel input is of a kind,
+    and matches the name pattern, of one of them (tokens that diverge because of them come with it)."""
+    if status is VerdictStatus.ERROR:
+        return tuple(k for k in knowns if k.error_contains and any(k.error_contains in e for e in c.errors))[:1]
+    if not bad:
+        return ()
+    kinds = {d.tensor: d.kind for d in c.tensors}
+
+    def covering(name: str, kind: str | None) -> KnownIssue | None:
+        return next(
+            (
+                k
+                for k in knowns
+                if kind in k.tensor_kinds and (k.tensor_pattern is None or re.search(k.tensor_pattern, name))
+            ),
+            None,
+        )
+
+    used = [covering(d.tensor, d.kind) for d in bad] + [covering(d.tensor, kinds.get(d.tensor)) for d in kernel_bad]
+    if any(k is None for k in used):
+        return ()
+    return tuple(k for k in knowns if k in used)
+
+
+def _explains(
+    known: KnownIssue, c: PathComparison, status: VerdictStatus, bad: list[TensorDiff], kernel_bad: list
+) -> bool:
+    """Whether this one known issue explains the failure on its own."""
+    return bool(_explaining((known,), c, status, bad, kernel_bad))
+
+
+def _against_known(v: Verdict, knowns: tuple[KnownIssue, ...], explaining: tuple[KnownIssue, ...]) -> Verdict:
+    """XFAIL when the failure lies wholly inside the known issues; XPASS when they have gone."""
+    if not knowns:
+        return v
+    if v.status is VerdictStatus.PASS:
+        gone = f"known issue on {knowns[0].device} did not reproduce, so the expectation is out of date: " + " / ".join(
+            k.reason for k in knowns
+        )
+        return replace(v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons))
+    if explaining and v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
+        return replace(
+            v,
+            status=VerdictStatus.XFAIL,
+            reasons=tuple(f"known issue on {k.device}: {k.reason}" for k in explaining) + v.reasons,
+        )
+    if v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
+        beyond = f"beyond this path's known issue on {knowns[0].device} (" + " / ".join(k.reason for k in knowns) + ")"
+        return replace(v, reasons=(*v.reasons, beyond))
+    return v
+
+
+def _tensor_reason(check: str, diffs: list[TensorDiff]) -> str | None:
+    if not diffs:
+        return None
+    counts: dict[str, int] = {}
+    for d in diffs:
+        counts[d.status.value] = counts.get(d.status.value, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    where = {
+        "refit": "after refit A->B vs cold B",
+        "idempotency": "after refitting B a second time vs the first",
+        "round_trip": "after refit back to A vs cold A",
+    }[check]
+    return f"{summary} {where} (first: {diffs[0].tensor} {diffs[0].status.value})"
+
+
+def _token_reasons(tokens: tuple[TokenDiff, ...], tol: JudgePolicy) -> list[str]:
+    noise = {d.prompt: d for d in tokens if d.check == "noise"}
+    reasons = []
+    for d in tokens:
+        if d.check not in JUDGED_CHECKS:
+            continue
+        n = noise.get(d.prompt)
+        noise_div = n.first_divergence if n else None
+        noise_lp = n.max_logprob_diff if n else 0.0
+        if d.first_divergence is not None and (noise_div is None or d.first_divergence < noise_div):
+            floor = "identical" if noise_div is None else f"diverges at token {noise_div}"
+            reasons.append(
+                f"prompt {d.prompt} ({d.check}) diverges at token {d.first_divergence}: "
+                f"{_window(d.subject_tokens, d.first_divergence)} vs "
+                f"{_window(d.reference_tokens, d.first_divergence)} (noise floor: {floor})"
+            )
+        elif d.max_logprob_diff > tol.logprob_atol + noise_lp:
+            reasons.append(
+                f"prompt {d.prompt} ({d.check}) logprobs differ by {d.max_logprob_diff:.3g} "
+                f"> tolerance {tol.logprob_atol:g} + noise floor {noise_lp:.3g}"
+            )
+    return reasons
+
+
+def _window(tokens: tuple[int, ...], at: int) -> str:
+    return "[" + " ".join(str(t) for t in tokens[max(0, at - 1) : at + 2]) + "]"
+
+
+def _control_reasons(c: PathComparison) -> list[str]:
+    ctl = c.control
+    if ctl is None:
+        return ["positive control never ran: verdict cannot be trusted"]
+    reasons = []
+    if not ctl.detected:
+        where = ", ".join(ctl.expected_modules)
+        seen = f"; changed instead: {', '.join(ctl.changed[:3])}" if ctl.changed else "; nothing changed"
+        reasons.append(
+            f"positive control not detected: scaling {ctl.checkpoint_tensor} changed no tensor of {where}{seen}"
+        )
+    if not ctl.tokens_moved:
+        reasons.append(
+            f"positive control invisible to the token check: outputs moved by at most "
+            f"{ctl.max_logprob_shift:.3g} after scaling {ctl.checkpoint_tensor}"
+        )
+    return reasons

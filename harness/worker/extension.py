@@ -1,0 +1,206 @@
+"""Mixed into vLLM's worker via ``worker_extension_cls``; its methods are called by
+name through ``collective_rpc`` and answer once per rank, under any executor."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Any
+
+from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
+from harness.store import to_jsonable
+from harness.worker.census import observe_entry, probe_linear_kernels, walk_model
+from harness.worker.recorder import ConsumptionRecorder, name_consumed
+
+
+class RefitObserver:
+    """Observation entry points that run inside each vLLM worker (the model is vLLM's public
+    ``Worker.get_model()``; private vLLM API goes through ``harness.worker.vllm_private``)."""
+
+    def refit_harness_ping(self) -> int:
+        return int(getattr(self, "rank", 0))
+
+    def refit_harness_reload_from_iterator(self, checkpoint_dir: str, exclude: list[str] | None = None) -> None:
+        """reload_weights fed from memory, the way a colocated trainer hands over tensors;
+        ``exclude``: names left out of the feed (a sabotaged refit)."""
+        from harness import safetensors_files
+
+        tensors = list(safetensors_files.tensors(safetensors_files.files(checkpoint_dir), exclude=exclude or ()))
+        self.reload_weights(weights_iterator=iter(tensors))
+
+    def refit_harness_save_kernel_state(self, directory: str) -> None:
+        """vLLM's sharded-state saver, one subdirectory per rank: the tensors exactly as this
+        rank's kernels hold them (fused, repacked, already sharded)."""
+        own = self._refit_harness_rank_dir(directory)
+        own.mkdir(parents=True, exist_ok=True)
+        self.save_sharded_state(path=str(own))
+
+    def refit_harness_reload_kernel_format(self, directory: str, exclude: list[str] | None = None) -> None:
+        """reload_weights(is_checkpoint_format=False) fed from this rank's saved kernel state,
+        without ``exclude`` (a sabotaged refit).
+
+        Only parameters are fed: vLLM's kernel-format reload resolves names with
+        ``get_parameter`` (its "TODO: buffers?"), so a buffer in the state would raise.
+        Under ``no_grad``, as an in-worker caller must: vLLM 0.32 copies with a plain
+        ``param.copy_``, which raises "a leaf Variable that requires grad is being used in an
+        in-place operation" on any parameter that requires grad (RMSNorm weights do).
+        """
+        import torch
+
+        from harness import safetensors_files
+
+        # Every alias: a module shared under two names (Qwen3-MoE passes its router ``gate`` to
+        # the experts) is saved under the lexically smaller one (``mlp.experts.gate.weight``),
+        # which deduplicated ``named_parameters()`` does not list; filtering on it left the router
+        # STALE, a harness-made FAIL.
+        model = self.get_model()
+        params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        # The saved state has the model's own names; a left-out checkpoint name is left out under
+        # the name vLLM's weights mapper gives it (NemotronH: backbone.* is model.*), or the
+        # sabotaged twin would leave nothing out and could not fail.
+        exclude = list(exclude or ())
+        exclude += list(_vllm_names(model, exclude).values())
+        own = self._refit_harness_rank_dir(directory)
+        tensors = list(safetensors_files.tensors(safetensors_files.files(own), exclude=exclude, only=params))
+        with torch.no_grad():
+            self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
+
+    def refit_harness_census(self, checkpoint_names: list[str] | None = None) -> dict[str, Any]:
+        """This rank's ``RankCensus``, as JSON (what every transport carries, ``vllm serve``'s
+        included); ``checkpoint_names`` are also mapped to the model's own names with vLLM's
+        ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``)."""
+        model = self.get_model()
+        rank = int(getattr(self, "rank", 0))
+        self._refit_harness_watch_hooks(model)
+        records: list[TensorRecord] = []
+        unobserved: list[UnobservedRecord] = []
+        try:
+            entries = walk_model(model, self._refit_harness_kv_storages())
+        except Exception as exc:
+            entries = []
+            unobserved.append(UnobservedRecord("<module-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
+        entries += probe_linear_kernels(model, unobserved)
+        for entry in entries:
+            seen = observe_entry(entry, rank)
+            (unobserved if isinstance(seen, UnobservedRecord) else records).append(seen)
+        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        census = RankCensus(
+            rank=rank,
+            tensors=tuple(records),
+            unobserved=tuple(replace(u, rank=rank) for u in unobserved),
+            architecture=type(model).__name__,
+            packed_modules_mapping=tuple((k, tuple(v)) for k, v in sorted(dict(packed).items())),
+            hooks=tuple(
+                HookRecord(module=m, kind=k, calls=n, owner=self._refit_harness_hook_owners.get((m, k), ""))
+                for (m, k), n in sorted(self._refit_harness_hook_calls.items())
+            ),
+            weight_names=tuple(sorted(_vllm_names(model, checkpoint_names or []).items())),
+        )
+        return to_jsonable(census)
+
+    # ---- kernel-input recorder -------------------------------------------------------
+
+    def refit_harness_recorder_start(self) -> None:
+        """Record the persistent inputs of every op until ``refit_harness_recorder_stop``."""
+        model = self.get_model()
+        recorder = ConsumptionRecorder(model, self._refit_harness_kv_storages())
+        recorder.__enter__()  # stays active on this thread across the next engine step
+        self._refit_harness_recorder = recorder
+
+    def refit_harness_recorder_stop(self) -> dict[str, Any]:
+        """This rank's ``RankRecording``, as JSON."""
+        recorder = self._refit_harness_recorder
+        recorder.__exit__(None, None, None)
+        recorder.close()
+        self._refit_harness_recorder = None
+        model = self.get_model()
+        by_address: dict[int, str] = {}
+        by_storage: dict[int, str] = {}
+        for entry in walk_model(model, self._refit_harness_kv_storages()):
+            t = entry.tensor
+            if t.device.type != "meta" and t.numel():
+                by_address.setdefault(t.data_ptr(), entry.name)
+                by_storage.setdefault(t.untyped_storage().data_ptr(), entry.name)
+        rank = int(getattr(self, "rank", 0))
+        return to_jsonable(
+            RankRecording(
+                rank=rank,
+                consumed=tuple(name_consumed(recorder.records, by_address, by_storage, rank)),
+                unreadable=tuple(recorder.unreadable[:50]),
+            )
+        )
+
+    # ---- post-load hook census ------------------------------------------------------
+
+    def _refit_harness_watch_hooks(self, model) -> None:
+        """Wrap every post-load hook once, so each later refit shows which ones ran."""
+        if hasattr(self, "_refit_harness_hook_calls"):
+            return
+        calls: dict[tuple[str, str], int] = {}
+        owners: dict[tuple[str, str], str] = {}  # the class whose hook it is: mounting points by class
+        self._refit_harness_hook_calls = calls
+        self._refit_harness_hook_owners = owners
+        names = {id(m): n for n, m in model.named_modules()}
+
+        def counting(fn, key_of):
+            @functools.wraps(fn)
+            def wrapper(*args, **kwargs):
+                key = key_of(*args)
+                calls[key] = calls.get(key, 0) + 1
+                return fn(*args, **kwargs)
+
+            return wrapper
+
+        for name, module in model.named_modules():
+            method = getattr(module, "quant_method", None)
+            if (
+                method is not None
+                and callable(getattr(method, "process_weights_after_loading", None))
+                and not getattr(method, "_refit_harness_wrapped", False)
+            ):
+                method.process_weights_after_loading = counting(
+                    method.process_weights_after_loading, lambda layer, *a: (names.get(id(layer), "?"), "quant_method")
+                )
+                method._refit_harness_wrapped = True
+                calls.setdefault((name, "quant_method"), 0)
+                owners[(name, "quant_method")] = type(method).__name__
+            own = getattr(type(module), "process_weights_after_loading", None)
+            if own is not None and callable(own):
+                kind = "model" if module is model else "module"
+                module.process_weights_after_loading = counting(
+                    module.process_weights_after_loading, lambda *a, _k=(name or "<model>", kind): _k
+                )
+                calls.setdefault((name or "<model>", kind), 0)
+                owners[(name or "<model>", kind)] = type(module).__name__
+
+    def _refit_harness_rank_dir(self, directory: str):
+        from pathlib import Path
+
+        return Path(directory) / f"rank{int(getattr(self, 'rank', 0))}"
+
+    def _refit_harness_kv_storages(self) -> frozenset[int]:
+        # The KV cache changes with every step; it is engine state, not weights.
+        from harness.worker.vllm_private import kv_cache_tensors
+
+        ptrs = set()
+        for kv in kv_cache_tensors(self):
+            for t in kv if isinstance(kv, (list, tuple)) else [kv]:
+                if t is not None and t.numel() > 0:
+                    ptrs.add(t.untyped_storage().data_ptr())
+        return frozenset(ptrs)
+
+
+def _vllm_names(model, names: list[str]) -> dict[str, str]:
+    """Checkpoint name -> the name vLLM loads it as, where its weights mapper renames it."""
+    from harness.worker.vllm_private import weights_name_mapper
+
+    map_name = weights_name_mapper(model)
+    out = {}
+    for name in names:
+        try:
+            mapped = map_name(name) if map_name else name
+        except Exception:
+            mapped = name
+        if mapped and mapped != name:
+            out[name] = mapped
+    return out

@@ -1,0 +1,103 @@
+"""``run -s`` honours every run flag (applied to all the scenario's cells) or refuses it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.cli import build_parser
+from harness.cli.run import with_run_flags
+from harness.errors import UsageError
+from harness.spec.run import PerturbSpec
+from harness.spec.scenario import ModelRef, ScenarioSpec, expand
+
+SCENARIO = ScenarioSpec(
+    name="s",
+    description="",
+    models=(ModelRef("m", path="/m"),),
+    paths=("reload_weights", "transfer_gloo", "discard_reload"),
+)
+TWO_MODELS = ScenarioSpec(
+    name="two", description="", models=(ModelRef("a", path="/a"), ModelRef("b", path="/b")), paths=("reload_weights",)
+)
+
+
+def specs(*flags: str, scenario: ScenarioSpec = SCENARIO):
+    args = build_parser().parse_args(["run", "-s", scenario.name, *flags])
+    return [g.spec for g in expand(with_run_flags(scenario, args))]
+
+
+def test_no_flag_leaves_the_scenario_as_it_is():
+    (spec,) = specs()
+    assert spec.paths == SCENARIO.paths and spec.engine.mode == "eager" and spec.sabotage
+    assert spec.perturb == PerturbSpec() and spec.arm_timeout_s == SCENARIO.arm_timeout_s
+
+
+def test_paths_narrows_the_scenario_and_keeps_its_order():
+    (spec,) = specs("--paths", "discard_reload,reload_weights")
+    assert spec.paths == ("reload_weights", "discard_reload")
+    assert specs("--paths", "all")[0].paths == SCENARIO.paths
+
+
+def test_a_path_the_scenario_does_not_run_is_refused_by_name():
+    with pytest.raises(UsageError, match="--paths compiled: not a path of scenario 's'"):
+        specs("--paths", "compiled")
+
+
+@pytest.mark.parametrize(
+    "flags, check",
+    [
+        (("--mode", "compiled"), lambda s: s.engine.mode == "compiled"),
+        (("--dtype", "bfloat16"), lambda s: s.engine.dtype == "bfloat16"),
+        (("--tp", "2"), lambda s: s.engine.tensor_parallel_size == 2),
+        (("--seed", "7"), lambda s: s.perturb.seed == 7),
+        (("--rebound", "fail"), lambda s: s.judge.rebound == "fail"),
+        (("--arm-timeout", "33"), lambda s: s.arm_timeout_s == 33.0),
+        (("--target", "/b"), lambda s: s.target == "/b"),
+        (("--control-tensor", "x.weight"), lambda s: s.control.tensor == "x.weight"),
+        (("--engine-core-process",), lambda s: s.engine.engine_core_process),
+    ],
+)
+def test_each_run_flag_reaches_every_cell(flags, check):
+    got = specs(*flags)
+    assert got and all(check(s) for s in got), got
+    assert not all(check(s) for s in specs()), "the flag's effect must not be the scenario's default"
+
+
+def test_sabotage_is_turned_on_where_a_scenario_has_it_off():
+    from dataclasses import replace
+
+    off = replace(SCENARIO, sabotage=False)
+    assert not specs(scenario=off)[0].sabotage and specs("--sabotage", scenario=off)[0].sabotage
+
+
+@pytest.mark.parametrize("flag", ["--target", "--control-tensor"])
+def test_a_per_model_flag_is_refused_for_a_scenario_of_several_models(flag):
+    with pytest.raises(UsageError, match=f"{flag}: scenario 'two' has 2 models"):
+        specs(flag, "x", scenario=TWO_MODELS)
+
+
+def test_only_without_a_scenario_is_refused_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--only",
+            "x*",
+            "--model",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "refit-harness: error: --only and --skip select cells of a scenario: give -s SCENARIO"
+    ]
