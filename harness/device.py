@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Literal
+
+Device = Literal["cpu", "cuda"]
+"""The one device vocabulary: where an arm ran, a known issue applies, a scenario is meant to run."""
+RunsOn = Literal["any", "cuda"]
+"""Where a reload path can run: on any device, or only with CUDA."""
 
 
 def cuda_available() -> bool:

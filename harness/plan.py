@@ -57,6 +57,15 @@ class Refit:
     sabotaged: bool = False
     """Refit through the path's sabotaged twin: the one step the path exists for is
     skipped or broken, so the check that follows must fail."""
+    segment: str = ""
+    """The segment this refit belongs to (``path`` or its sabotaged twin): a twin's later
+    refits are real, yet a failure there is the twin's, not the path's. Empty in plans
+    written before it existed."""
+
+    @property
+    def owner(self) -> str:
+        """The segment a failure of this refit is charged to."""
+        return self.segment or (sabotaged_twin(self.path) if self.sabotaged else self.path)
 
 
 @dataclass(frozen=True)
@@ -143,7 +152,10 @@ def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False
         if stage in seen:
             stage += "_again"
         seen.add(stage)
-        steps += [Refit(target, path, sabotaged=sabotaged and i == 0), Observe(ObservationLabel(stage, owner))]
+        steps += [
+            Refit(target, path, sabotaged=sabotaged and i == 0, segment=owner),
+            Observe(ObservationLabel(stage, owner)),
+        ]
     return tuple(steps)
 
 

@@ -24,7 +24,7 @@ import pydantic
 
 from harness.errors import SchemaError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 T = TypeVar("T")
 
 Migration = Callable[[dict], dict]
@@ -263,3 +263,34 @@ def _typed_labels(payload: dict) -> dict:
                     if isinstance(record, dict) and isinstance(record.get("label"), str):
                         record["label"] = typed(record["label"])
     return {**payload, "schema_version": 3}
+
+
+def _plans(payload: dict) -> list:
+    """The arm plans a payload holds: itself (an arm plan) or a run record's."""
+    data, kind = payload.get("data"), payload.get("kind")
+    if not isinstance(data, dict):
+        return []
+    if kind == "arm_plan":
+        return [data]
+    if kind == "run_record" and isinstance(data.get("plan"), dict):
+        return [a for a in data["plan"].get("arms") or () if isinstance(a, dict)]
+    return []
+
+
+@migration(3)
+def _refit_segments(payload: dict) -> dict:
+    """Version 4 names the segment of every refit (``Refit.segment``), so that a failure in a
+    sabotaged twin's later, real refit is charged to the twin: each refit is followed by the
+    observation of its segment, whose label names it."""
+    for plan in _plans(payload):
+        steps = plan.get("steps")
+        if not isinstance(steps, list):
+            continue
+        for i, step in enumerate(steps):
+            if not (isinstance(step, dict) and "target" in step and "segment" not in step):
+                continue
+            after = next(
+                (s["label"] for s in steps[i + 1 :] if isinstance(s, dict) and "stage" in (s.get("label") or {})), None
+            )
+            step["segment"] = (after or {}).get("path") or step.get("path", "")
+    return {**payload, "schema_version": 4}

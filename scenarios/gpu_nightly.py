@@ -36,5 +36,5 @@ def gpu_nightly() -> ScenarioSpec:
         modes=("eager", "compiled"),
         tp_sizes=(1, 2),
         arm_timeout_s=1800.0,
-        device="gpu",
+        device="cuda",
     )

@@ -94,7 +94,7 @@ def sampling_params(prompts: PromptSpec):
     return SamplingParams(temperature=0.0, max_tokens=prompts.max_tokens, detokenize=False, logprobs=prompts.logprobs)
 
 
-class Engine(ABC):
+class EngineBase(ABC):
     """What paths and observations need from a running engine (it satisfies ``harness.paths.base.Engine``,
     the interface the paths own)."""
 
@@ -136,24 +136,11 @@ def check_granted(arm: ArmPlan, vllm_config) -> None:
         raise DeclinedByVllm(
             f"prefix caching is not supported here: vLLM turned it off although the path asked for it{why}"
         )
-    if getattr(cache, "mamba_cache_mode", "none") == "align" and _cpu_vllm_032():
-        # Not vLLM's own refusal: measured. The first generate never returned in an arm (the
-        # scheduler stepped for 15 minutes), and raised IndexError in mamba_mixer2 standalone.
-        raise DeclinedByVllm(
-            "prefix caching with Mamba layers ('align' cache mode) cannot generate on vLLM 0.32's "
-            "CPU backend (measured: the first generate hangs, or raises IndexError in mamba_mixer2; "
-            "repro/mamba_prefix_caching_hangs_on_cpu.py), so the harness does not start it"
-        )
+    # A measured hang the harness must not start (Mamba prefix caching on CPU) is a declared
+    # known issue (``outcome="skip"``), decided before any arm: harness.orchestrate.execute.not_started.
 
 
-def _cpu_vllm_032() -> bool:
-    import vllm
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu() and vllm.__version__.startswith("0.32")
-
-
-class LocalEngine(Engine):
+class LocalEngine(EngineBase):
     def __init__(self, arm: ArmPlan, overrides: dict[str, Any] | None = None) -> None:
         from vllm import LLM
 
@@ -178,7 +165,7 @@ class LocalEngine(Engine):
             shutdown_engine_core(llm)  # ~5 s of graceful worker exit
 
 
-class RayEngine(Engine):
+class RayEngine(EngineBase):
     """``LLM`` in a Ray actor on a local Ray instance (started and stopped with the engine)."""
 
     def __init__(self, arm: ArmPlan, overrides: dict[str, Any] | None = None) -> None:
@@ -241,7 +228,7 @@ class HTTPError(RuntimeError):
     """The server answered with an error status."""
 
 
-class HTTPEngine(Engine):
+class HTTPEngine(EngineBase):
     """A real ``vllm serve`` on a Unix socket in a private directory.
 
     Why not a loopback port: ``VLLM_SERVER_DEV_MODE=1`` adds ``/collective_rpc`` (which can
@@ -426,7 +413,7 @@ def serve_command(model: str) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
 
 
-def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> Engine:
+def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> EngineBase:
     kind = arm.requirements.kind
     if kind == "ray_llm":
         return RayEngine(arm, overrides)

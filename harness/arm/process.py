@@ -17,8 +17,8 @@ import traceback
 from pathlib import Path
 
 from harness import store
-from harness.arm.engines import DeclinedByVllm, Engine, build_engine
-from harness.plan import ArmPlan, Probe, Refit, Step, sabotaged_twin
+from harness.arm.engines import DeclinedByVllm, EngineBase, build_engine
+from harness.plan import ArmPlan, Probe, Refit, Step
 from harness.records import (
     ArmResult,
     Completions,
@@ -37,7 +37,7 @@ from harness.settings import BUILD_ENV
 from harness.spec.run import PromptSpec
 
 
-def observe(engine: Engine, arm: ArmPlan, label: ObservationLabel) -> Observation:
+def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observation:
     per_rank = [
         store.from_jsonable(RankCensus, r)
         for r in engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})
@@ -80,7 +80,7 @@ def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutp
     return tuple(replace(o, text=tokenizer.decode(list(o.token_ids))) for o in outputs) if tokenizer else outputs
 
 
-def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[ConsumedTensor, ...], list[str]]:
+def record_consumed(engine: EngineBase, prompts: PromptSpec) -> tuple[tuple[ConsumedTensor, ...], list[str]]:
     """One prefill of the first prompt with the dispatch recorder on, in every worker; also
     the op inputs the recorder could not digest, with the reason."""
     engine.rpc("refit_harness_recorder_start")
@@ -91,7 +91,7 @@ def record_consumed(engine: Engine, prompts: PromptSpec) -> tuple[tuple[Consumed
     return tuple(c for r in per_rank for c in r.consumed), [why for r in per_rank for why in r.unreadable]
 
 
-def measure_throughput(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Measurement:
+def measure_throughput(engine: EngineBase, arm: ArmPlan, label: ProbeLabel) -> Measurement:
     """Greedy generation of a batch of the fixed prompts: one untimed warm-up, then timed runs."""
     spec = arm.throughput
     assert spec is not None, "a measure step without a throughput spec"
@@ -107,7 +107,7 @@ def measure_throughput(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Measu
     return Measurement(label=label, batch=spec.batch, output_len=spec.output_len, tokens_per_s=tuple(rates))
 
 
-def measure_accuracy(engine: Engine, arm: ArmPlan, label: ProbeLabel) -> Completions:
+def measure_accuracy(engine: EngineBase, arm: ArmPlan, label: ProbeLabel) -> Completions:
     """Greedy completions of the accuracy prompts, tokenized and decoded here (B's tokenizer,
     or the harness's character-level one), so the parent never needs a tokenizer."""
     from harness.tokenizer import load_tokenizer
@@ -214,7 +214,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         for step in arm.steps:
             print(f"[{arm.name}] {describe(step)}", flush=True)
             if isinstance(step, Refit):
-                owner = sabotaged_twin(step.path) if step.sabotaged else step.path
+                owner = step.owner
                 current[0] = (owner, f"refit {step.target}")
                 # Say where we are before a step that can hang or kill the engine: if the arm
                 # is killed here, the record charges the failure to this segment, not the earlier ones.

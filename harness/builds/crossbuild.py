@@ -18,8 +18,7 @@ from harness.errors import CompareError
 from harness.judge import exit_codes
 from harness.judge.diff import TensorStatus, compare_outputs, compare_tensors
 from harness.judge.evaluation import Evaluation
-from harness.judge.verdict import FAILING as FAILING_STATUSES
-from harness.judge.verdict import VerdictStatus
+from harness.judge.verdict import FAILING_STATUSES, VerdictStatus
 from harness.records import ArmResult, Observation
 
 Outcome = Literal["identical", "no measurable difference", "differs", "only in base", "only in pr", "not measured"]
@@ -510,7 +509,7 @@ def _statuses(ev: Evaluation | None) -> dict[tuple[str, str, str], tuple[str, st
     }
 
 
-FAILING = {s.value for s in FAILING_STATUSES}  # tensor statuses that decide a verdict
+_DECIDING = {s.value for s in FAILING_STATUSES}  # tensor statuses that decide a verdict
 
 
 def status_changes(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[TensorStatusChange, ...]:
@@ -534,7 +533,7 @@ def status_changes(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -
                 base=sb,
                 pr=sp,
                 base2=b2[key][0] if key in b2 else None,
-                decides=sb in FAILING or sp in FAILING,
+                decides=sb in _DECIDING or sp in _DECIDING,
             )
         )
     return tuple(sorted(rows, key=lambda r: (not r.decides, r.path, r.check)))
@@ -543,8 +542,8 @@ def status_changes(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def layer_of(name: str) -> str:
-    bare = name.split(":", 1)[1] if name.startswith("rank") and ":" in name else name
+def layer_of(bare: str) -> str:
+    """The layer a census name (without a rank prefix) belongs to."""
     m = _LAYER.search(bare)
     if m:
         return f"layer {int(m.group(1))}"
@@ -589,7 +588,7 @@ def value_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tu
             ValueRow(
                 tensor=d.tensor,
                 kind=d.kind,
-                layer=layer_of(d.tensor),
+                layer=layer_of(d.name or d.tensor),
                 base_absmax=rb.absmax if rb else None,
                 pr_absmax=rp.absmax if rp else None,
                 relative_change=_rel(rb.absmax if rb else None, rp.absmax if rp else None),

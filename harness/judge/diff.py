@@ -44,6 +44,10 @@ class TensorDiff:
     """Digest before the refit (what a stale value would equal), if known."""
     address_moved: bool
     """Storage address changed across the refit inside the subject engine."""
+    name: str = ""
+    """The census name alone (``tensor`` is prefixed ``rank<N>:`` when several ranks were observed)."""
+    rank: int | None = None
+    """The rank that recorded it (None: a single-rank engine, or a record without ranks)."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,11 @@ class ConsumedDiff:
     module: str
     """Module whose forward ran the op."""
     tensor: str
-    """Census name or ``unregistered@...``."""
+    """Census name or ``unregistered@...`` (prefixed ``rank<N>:`` when several ranks were observed)."""
     status: TensorStatus
     """OK, STALE, CORRUPT, REBOUND, MISSING, EXTRA or NOISY, as for census tensors."""
+    name: str = ""
+    """The name alone, without the rank prefix."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,8 @@ def compare_tensors(
                 reference_digest=r.digest if r else None,
                 witness_digest=w.digest if w else None,
                 address_moved=moved,
+                name=rec.name,
+                rank=rec.rank,
             )
         )
     return tuple(diffs)
@@ -393,7 +401,9 @@ def compare_consumed(
         status = classify(s, r, w, moved=moved, noisy=n is not None and r is not None and n.digest != r.digest)
         c, shown = (s, subject.shown_name(s)) if s is not None else (r, reference.shown_name(r))
         diffs.append(
-            ConsumedDiff(op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=shown, status=status)
+            ConsumedDiff(
+                op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=shown, status=status, name=c.name
+            )
         )
     return tuple(sorted(diffs, key=lambda d: d.op_index))
 

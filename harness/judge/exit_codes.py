@@ -13,9 +13,9 @@ from harness.judge.verdict import VerdictStatus
 
 OK, FAILED, INFRASTRUCTURE = 0, 1, 2
 
-FAILING = frozenset({VerdictStatus.FAIL, VerdictStatus.INCONCLUSIVE, VerdictStatus.XPASS})
+FAILING_VERDICTS = frozenset({VerdictStatus.FAIL, VerdictStatus.INCONCLUSIVE, VerdictStatus.XPASS})
 """Verdicts that fail the run (exit 1)."""
-BAD = FAILING | {VerdictStatus.ERROR}
+BAD = FAILING_VERDICTS | {VerdictStatus.ERROR}
 """Verdicts that make the exit code non-zero."""
 
 
@@ -24,7 +24,7 @@ def for_verdicts(statuses: Iterable[VerdictStatus]) -> int:
     seen = set(statuses)
     if VerdictStatus.ERROR in seen:
         return INFRASTRUCTURE
-    return FAILED if seen & FAILING else OK
+    return FAILED if seen & FAILING_VERDICTS else OK
 
 
 def for_expectations(met: Iterable[bool]) -> int:

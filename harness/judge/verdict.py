@@ -60,7 +60,7 @@ class SabotageOutcome:
     """What caught it, or why it was not caught."""
 
 
-FAILING = (TensorStatus.STALE, TensorStatus.CORRUPT, TensorStatus.MISSING, TensorStatus.EXTRA)
+FAILING_STATUSES = (TensorStatus.STALE, TensorStatus.CORRUPT, TensorStatus.MISSING, TensorStatus.EXTRA)
 JUDGED_CHECKS = ("refit", "idempotency", "round_trip")
 
 
@@ -94,12 +94,12 @@ def judge(
     def fails(d: TensorDiff) -> bool:
         if d.status is TensorStatus.REBOUND:
             return fail_on_rebound and (not consumed or d.tensor in consumed)
-        return d.status in FAILING
+        return d.status in FAILING_STATUSES
 
     judged = [d for d in c.tensors if d.check in JUDGED_CHECKS]
     bad = [d for d in judged if fails(d)]
     kernel_bad = [
-        d for d in c.consumed if d.status in FAILING or (d.status is TensorStatus.REBOUND and fail_on_rebound)
+        d for d in c.consumed if d.status in FAILING_STATUSES or (d.status is TensorStatus.REBOUND and fail_on_rebound)
     ]
     reasons = [_tensor_reason(check, [d for d in bad if d.check == check]) for check in JUDGED_CHECKS]
     reasons = [r for r in reasons if r]
@@ -186,8 +186,8 @@ def judge_sabotage(
 ) -> SabotageOutcome:
     """Was the sabotaged twin caught, with the evidence its sabotage plants? ``verdict`` is
     the twin's own verdict (judged without known issues: the twin must fail on its own)."""
-    failing = [d for d in twin.tensors if d.check == "refit" and d.status in FAILING]
-    failing += [d for d in twin.consumed if d.status in FAILING]
+    failing = [d for d in twin.tensors if d.check == "refit" and d.status in FAILING_STATUSES]
+    failing += [d for d in twin.consumed if d.status in FAILING_STATUSES]
     if evidence == "tokens":
         diverged = [d for d in twin.tokens if d.check == "refit" and d.first_divergence is not None]
         found = (
@@ -197,7 +197,7 @@ def judge_sabotage(
         )
     else:
         modules = control_targets(planted or "", packed_modules_mapping)
-        hits = [d.tensor for d in failing if any(_under(d.tensor, m) for m in modules)]
+        hits = [d.tensor for d in failing if any((d.name or d.tensor).startswith(m + ".") for m in modules)]
         found = f"{hits[0]} {next(d.status.value for d in failing if d.tensor == hits[0])}" if hits else None
     caught = verdict.status is VerdictStatus.FAIL and found is not None
     if caught:
@@ -212,11 +212,6 @@ def judge_sabotage(
     return SabotageOutcome(
         sabotage=sabotage, evidence=evidence, planted=planted, verdict=verdict.status, caught=caught, detail=detail
     )
-
-
-def _under(tensor: str, module: str) -> bool:
-    bare = tensor.split(":", 1)[1] if tensor.startswith("rank") and ":" in tensor else tensor
-    return bare.startswith(module + ".")
 
 
 def with_sabotage(v: Verdict, outcome: SabotageOutcome | None) -> Verdict:

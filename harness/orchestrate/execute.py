@@ -37,8 +37,9 @@ DEFAULT_VOCAB = 256  # prompts for a checkpoint whose config names no vocabulary
 Progress = Callable[[str], None]
 
 
-def validate(spec: RunSpec) -> None:
-    """Reject bad input before any engine starts."""
+def validate(spec: RunSpec) -> RunSpec:
+    """Reject bad input before any engine starts; the spec with its prompts resolved
+    (``resolve_prompts``), as the arms will run them."""
     from harness.errors import UnknownName
     from harness.paths import PATHS
 
@@ -56,7 +57,8 @@ def validate(spec: RunSpec) -> None:
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
         raise UsageError(f"{Path(spec.model) / 'config.json'} is not a valid JSON config: {exc}") from None
     try:
-        prompts = resolve_prompts(spec).prompts.token_ids  # the prompts the arms will run
+        resolved = resolve_prompts(spec)
+        prompts = resolved.prompts.token_ids  # the prompts the arms will run
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
     longest = max((len(ids) for ids in prompts), default=0)
@@ -83,6 +85,7 @@ def validate(spec: RunSpec) -> None:
                 f"--accuracy: max_tokens {spec.accuracy.max_tokens} does not fit max_model_len "
                 f"{spec.engine.max_model_len}"
             )
+    return resolved
 
 
 def resolve_prompts(spec: RunSpec) -> RunSpec:
@@ -122,7 +125,7 @@ def prepare(
 ) -> tuple[RunRecord, ReferenceInputs | None]:
     from harness.paths import PATHS
 
-    validate(spec)
+    resolved = validate(spec)
     on_disk = None
     if resume and (out / "run.json").exists():
         on_disk = store.load(RunRecord, out / "run.json", "run_record")
@@ -155,8 +158,10 @@ def prepare(
     classes = {p: PATHS.get(p) for p in spec.paths}
     unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
+    for p, reason in not_started(spec, cs, needs).items():
+        unavailable.setdefault(p, reason)
     # The record keeps the spec as asked; the plan carries the resolved prompts.
-    plan = make_plan(resolve_prompts(spec), cs, needs, unavailable)
+    plan = make_plan(resolved, cs, needs, unavailable)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
     if reuse_reference and plan.arms:
@@ -214,6 +219,47 @@ def _fingerprint(directory: str) -> str:
         return fingerprint(directory)
     except OSError:
         return "missing"
+
+
+def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str]:
+    """Paths a known issue says the harness must not start here (``outcome="skip"``: measured
+    to hang or kill the arm), with its reason, from the checkpoint's architecture and each
+    path's engine settings, before any engine."""
+    from harness.device import cuda_available
+    from harness.spec.known_issues import KNOWN_ISSUES
+
+    skips = [k for k in KNOWN_ISSUES if k.outcome == "skip"]
+    if not skips:
+        return {}
+    architecture = architecture_of(cs.a)
+    version = vllm_version_of(spec)
+    device = "cuda" if cuda_available() else "cpu"
+    out = {}
+    for p, need in needs.items():
+        prefix = need.requirements.enable_prefix_caching
+        engine = {"enable_prefix_caching": spec.engine.enable_prefix_caching if prefix is None else prefix}
+        known = next((k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine)), None)
+        if known:
+            out[p] = f"known issue, not started: {known.reason}"
+    return out
+
+
+def architecture_of(checkpoint: str) -> str | None:
+    """``architectures[0]`` of a checkpoint's config.json (the vLLM model class it selects)."""
+    try:
+        return (json.loads((Path(checkpoint) / "config.json").read_text()).get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def vllm_version_of(spec: RunSpec) -> str | None:
+    """The vLLM version the run's arms will import: the build's, or the harness's own."""
+    if spec.build is not None and spec.build.python:
+        from harness.builds.venvs import describe
+
+        return describe(spec.build).get("vllm")
+    version = _vllm_version()
+    return version.partition("==")[2] or None
 
 
 def _vllm_version() -> str:

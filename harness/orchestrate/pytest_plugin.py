@@ -74,7 +74,7 @@ class ScenarioFile(pytest.File):
         scenario = SCENARIOS.get(name)()
         for group in expand(scenario):
             for path in group.spec.paths:
-                marker = "gpu" if scenario.device == "gpu" or PATHS.get(path).device == "cuda" else "cpu"
+                marker = "gpu" if scenario.device == "cuda" or PATHS.get(path).device == "cuda" else "cpu"
                 item = CellItem.from_parent(self, name=f"{path}[{group.id}]", group=group, path_name=path)
                 item.add_marker(getattr(pytest.mark, marker))
                 yield item

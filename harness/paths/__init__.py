@@ -1,25 +1,32 @@
-"""Reload paths: one class per kind of refit, registered by name, imported on lookup."""
+"""Reload paths: one class per kind of refit, one module per family of paths. Each class
+registers itself where it is defined, with ``@reload_path``; the modules are imported on the
+first lookup, and none of them imports vLLM at import time (only inside ``refit``)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, TypeVar
 
 from harness.registry import Registry
 
-PATHS: Registry = Registry("reload path")
-for _name, _target in {
-    "reload_weights": "reload_weights:ReloadWeightsFromDirectory",
-    "reload_weights_iterator": "reload_weights:ReloadWeightsFromIterator",
-    "reload_kernel_format": "reload_weights:ReloadKernelFormat",
-    "discard_reload": "reload_weights:DiscardThenReload",
-    "transfer_gloo": "weight_transfer:TransferGloo",
-    "http_reload": "http_reload:HTTPReload",
-    "sharded_state": "sharded_state:ShardedStateRoundTrip",
-    "dummy_start": "engine_states:DummyStart",
-    "prefix_cache": "engine_states:PrefixCacheCoherence",
-    "compiled": "engine_states:CompiledReload",
-    "sleep_level1": "engine_states:SleepLevel1",
-    "sleep_level2": "engine_states:SleepLevel2",
-    "transfer_nccl": "weight_transfer:TransferNccl",
-    "transfer_ipc": "weight_transfer:TransferIpc",
-    "transfer_sparse_nccl": "weight_transfer:TransferSparseNccl",
-    "transfer_sharded_rdt": "weight_transfer:TransferShardedRdt",
-    "transfer_nccl_m2n": "weight_transfer:TransferNcclM2n",
-}.items():
-    PATHS.register(_name, f"harness.paths.{_target}")
+if TYPE_CHECKING:
+    from harness.paths.base import ReloadPath
+
+BUILTIN_MODULES = ("reload_weights", "weight_transfer", "http_reload", "sharded_state", "engine_states")
+"""The modules of ``harness.paths`` that define built-in paths, in the order ``--paths all`` lists them."""
+
+
+def _import_builtin_paths() -> None:
+    for module in BUILTIN_MODULES:
+        importlib.import_module(f"{__name__}.{module}")
+
+
+PATHS: Registry[type[ReloadPath]] = Registry("reload path", populate=_import_builtin_paths)
+
+P = TypeVar("P", bound="type[ReloadPath]")
+
+
+def reload_path(cls: P) -> P:
+    """Class decorator: register a path under its ``name``."""
+    PATHS.register(cls.name, f"{cls.__module__}:{cls.__qualname__}")
+    return cls

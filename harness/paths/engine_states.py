@@ -4,6 +4,7 @@ itself and adds only what its state needs."""
 
 from __future__ import annotations
 
+from harness.paths import reload_path
 from harness.paths.reload_weights import ReloadWeightsFromDirectory, ReloadWeightsFromIterator
 from harness.spec.requirements import EngineRequirements
 
@@ -13,6 +14,7 @@ CPU_SLEEP = (
 )
 
 
+@reload_path
 class DummyStart(ReloadWeightsFromIterator):
     # reload_weights(weights_path=...) asks the engine's own loader for the weights, and
     # vLLM's dummy loader has none ("Model reloading with `dummy` format" is not
@@ -29,6 +31,7 @@ class DummyStart(ReloadWeightsFromIterator):
     sabotage_targets = ("B",)
 
 
+@reload_path
 class PrefixCacheCoherence(ReloadWeightsFromDirectory):
     name = "prefix_cache"
     exercises = (
@@ -52,6 +55,7 @@ class PrefixCacheCoherence(ReloadWeightsFromDirectory):
         self.refit(engine, self.checkpoints.directory(target), target, reset=False)
 
 
+@reload_path
 class CompiledReload(ReloadWeightsFromDirectory):
     name = "compiled"
     exercises = (
@@ -61,6 +65,7 @@ class CompiledReload(ReloadWeightsFromDirectory):
     requirements = EngineRequirements(mode="compiled")
 
 
+@reload_path
 class SleepLevel1(ReloadWeightsFromDirectory):
     name = "sleep_level1"
     exercises = (
@@ -84,6 +89,7 @@ class SleepLevel1(ReloadWeightsFromDirectory):
         engine.call("wake_up")
 
 
+@reload_path
 class SleepLevel2(ReloadWeightsFromDirectory):
     name = "sleep_level2"
     exercises = (

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from harness.paths import reload_path
 from harness.paths.reload_weights import ReloadWeightsFromDirectory
 from harness.spec.requirements import EngineRequirements
 
 
+@reload_path
 class HTTPReload(ReloadWeightsFromDirectory):
     # The refit is the same collective_rpc; HTTPEngine sends it as POST /collective_rpc.
     name = "http_reload"

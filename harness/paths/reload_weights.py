@@ -6,11 +6,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+from harness.paths import reload_path
 from harness.paths.base import Engine, ReloadPath, scratch_root
 from harness.spec.known_issues import KnownIssue
 from harness.spec.requirements import RefitTarget
 
 
+@reload_path
 class ReloadWeightsFromDirectory(ReloadPath):
     name = "reload_weights"
     exercises = (
@@ -30,6 +32,7 @@ class ReloadWeightsFromDirectory(ReloadPath):
         self.refit(engine, self.without_left_out(target), target)
 
 
+@reload_path
 class ReloadWeightsFromIterator(ReloadPath):
     name = "reload_weights_iterator"
     exercises = (
@@ -49,6 +52,7 @@ class ReloadWeightsFromIterator(ReloadPath):
         )
 
 
+@reload_path
 class DiscardThenReload(ReloadPath):
     name = "discard_reload"
     exercises = (
@@ -66,6 +70,7 @@ class DiscardThenReload(ReloadPath):
         self.refit(engine, self.without_left_out(target), target)
 
 
+@reload_path
 class ReloadKernelFormat(ReloadPath):
     name = "reload_kernel_format"
     exercises = (

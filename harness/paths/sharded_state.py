@@ -7,12 +7,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from harness.paths import reload_path
 from harness.paths.base import Engine, scratch_root
 from harness.paths.reload_weights import ReloadWeightsFromIterator
 from harness.spec.known_issues import KnownIssue
 from harness.spec.requirements import EngineRequirements, EngineRestart, RefitTarget
 
 
+@reload_path
 class ShardedStateRoundTrip(ReloadWeightsFromIterator):
     # From the second refit on, the engine was itself loaded from a sharded state, and that
     # loader cannot read a checkpoint directory: the refit feeds tensors from memory.

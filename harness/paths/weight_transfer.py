@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from harness.device import cuda_available
+from harness.paths import reload_path
 from harness.paths.base import ReloadPath
 from harness.spec.requirements import EngineRequirements
 
@@ -91,7 +92,9 @@ def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[Weigh
     }
     if fields is not None:
         attrs["trainer_fields"] = lambda self, world_size: fields(world_size)
-    return type(f"Transfer{backend.title().replace('_', '')}", (WeightTransferPath,), attrs)
+    return reload_path(
+        type("Transfer" + "".join(w.capitalize() for w in backend.split("_")), (WeightTransferPath,), attrs)
+    )
 
 
 TransferGloo = _transfer(

@@ -7,9 +7,10 @@ from pathlib import Path
 from harness.judge.evaluation import Evaluation
 from harness.report.html import render_html
 from harness.report.repro import repro_script
+from harness.report.style import REPORT_SCHEMA_VERSION
 from harness.report.summary import render_markdown, summary_dict
 from harness.report.tables import accuracy_table, consumed_table, csv_text, hook_table, tensor_table, token_table
-from harness.store import SCHEMA_VERSION, write_atomic
+from harness.store import write_atomic
 
 
 def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
@@ -49,4 +50,4 @@ def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
     return files
 
 
-__all__ = ["write_reports", "SCHEMA_VERSION"]
+__all__ = ["write_reports", "REPORT_SCHEMA_VERSION"]

@@ -12,10 +12,8 @@ from jinja2 import Environment, select_autoescape
 from markupsafe import Markup, escape
 
 from harness.builds.crossbuild import NO_DIFFERENCE, BuildComparison
-from harness.report.style import CSS
-from harness.store import SCHEMA_VERSION, to_jsonable
-
-ICON = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭️", "ERROR": "💥", "XFAIL": "🔕", "XPASS": "❗"}
+from harness.report.style import CSS, ICON, REPORT_SCHEMA_VERSION
+from harness.store import to_jsonable
 
 
 def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
@@ -42,7 +40,7 @@ def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
             for path, actual in e.actual or (("", ""),):
                 w.writerow(
                     [
-                        SCHEMA_VERSION,
+                        REPORT_SCHEMA_VERSION,
                         e.expectation.build,
                         e.expectation.cells,
                         e.expectation.verdict,
@@ -53,7 +51,7 @@ def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
                 )
     files["comparison.json"] = out / "comparison.json"
     files["comparison.json"].write_text(
-        json.dumps({"schema_version": SCHEMA_VERSION, "exit_code": cmp.exit_code, **to_jsonable(cmp)}, indent=1)
+        json.dumps({"schema_version": REPORT_SCHEMA_VERSION, "exit_code": cmp.exit_code, **to_jsonable(cmp)}, indent=1)
     )
     files["summary.md"] = out / "summary.md"
     files["summary.md"].write_text(render_markdown(cmp))
@@ -73,7 +71,7 @@ def _csv(path: Path, rows) -> Path:
         w.writerow(["schema_version", *names])
         for r in rows:
             d = asdict(r)
-            w.writerow([SCHEMA_VERSION, *(_cell(d[n]) for n in names)])
+            w.writerow([REPORT_SCHEMA_VERSION, *(_cell(d[n]) for n in names)])
     return path
 
 

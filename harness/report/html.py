@@ -11,7 +11,7 @@ from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
 from harness.judge.evaluation import Evaluation
-from harness.judge.verdict import FAILING
+from harness.judge.verdict import FAILING_STATUSES
 from harness.report.style import CSS
 
 _ENV = Environment(
@@ -187,7 +187,7 @@ def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
     (REBOUND) rows folded away. Sabotaged twins have their own section."""
     own = tensors[~tensors["path"].str.contains("~", regex=False)]
     bad = own[(own["status"] != "OK") & (own["check"] != "noise")]
-    deciding = bad["status"].isin([s.value for s in FAILING])
+    deciding = bad["status"].isin([s.value for s in FAILING_STATUSES])
     refit = own[own["check"] == "refit"]
     rest = bad[~deciding]
     return {

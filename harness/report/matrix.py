@@ -12,10 +12,10 @@ from markupsafe import Markup
 
 from harness.judge import exit_codes
 from harness.judge.evaluation import Evaluation
-from harness.report.style import CSS
+from harness.report.style import CSS, REPORT_SCHEMA_VERSION
 from harness.report.summary import md_text
 from harness.spec.scenario import CellGroup
-from harness.store import SCHEMA_VERSION, write_atomic
+from harness.store import write_atomic
 
 Results = list[tuple[CellGroup, Evaluation]]
 
@@ -51,7 +51,7 @@ def matrix_summary(
     # With builds, expectations decide; an engine that could not run (2) still wins.
     exit_code = exit_codes.combined(codes, [code for _, code in comparisons.values()] if comparisons else None)
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "scenario": scenario,
         "exit_code": exit_code,
         "builds": builds,

@@ -20,3 +20,13 @@ details{margin:.4rem 0}summary{cursor:pointer;color:#334}
 .bar-floor,.mark-floor{fill:#7f8c9a}.mark-base{fill:#2c6fbb}.band{fill:#cfd8e3}.lg-pr{fill:#c0392b}
 .lg-floor{fill:#7f8c9a}input.filter{display:block;margin:.3rem 0;padding:.2rem .4rem;width:22rem}.notes li{color:#7a4b00}
 """
+
+
+ICON = {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "SKIPPED": "⏭️", "ERROR": "💥", "XFAIL": "🔕", "XPASS": "❗"}
+"""The mark shown beside each verdict in Markdown and HTML."""
+
+
+REPORT_SCHEMA_VERSION = 3
+"""Version of the fields of ``summary.json``, the CSVs and the matrix and comparison files,
+which CI jobs parse. A change of their fields bumps it (and is listed in the docs'
+changelog); the records under ``arms/`` have their own version (``harness.store.SCHEMA_VERSION``)."""

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from harness.judge.evaluation import Evaluation
-from harness.store import SCHEMA_VERSION
+from harness.report.style import ICON, REPORT_SCHEMA_VERSION
 
 
 def summary_dict(ev: Evaluation) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         for p in points(ev.arms)
     }
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "exit_code": ev.exit_code,
         "accuracy": accuracy_summary(ev),
         "paths": paths,
@@ -175,15 +175,7 @@ def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
 
 
 def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
-    icon = {
-        "PASS": "✅",
-        "FAIL": "❌",
-        "INCONCLUSIVE": "⚠️",
-        "SKIPPED": "⏭️",
-        "ERROR": "💥",
-        "XFAIL": "🔕",
-        "XPASS": "❗",
-    }
+    icon = ICON
     env = summary["environment"]
     lines = [
         "## refit-harness: warm A→B vs cold B",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.judge.evaluation import Evaluation
-from harness.store import SCHEMA_VERSION
+from harness.report.style import REPORT_SCHEMA_VERSION
 
 TENSOR_COLUMNS = [
     "schema_version",
@@ -36,7 +36,7 @@ TOKEN_COLUMNS = [
 def tensor_table(ev: Evaluation) -> pd.DataFrame:
     rows = [
         {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": REPORT_SCHEMA_VERSION,
             "path": c.path,
             "check": d.check,
             "tensor": d.tensor,
@@ -56,7 +56,7 @@ def tensor_table(ev: Evaluation) -> pd.DataFrame:
 def token_table(ev: Evaluation) -> pd.DataFrame:
     rows = [
         {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": REPORT_SCHEMA_VERSION,
             "path": c.path,
             "check": d.check,
             "prompt": d.prompt,
@@ -82,7 +82,7 @@ HOOK_COLUMNS = ["schema_version", "path", "module", "kind", "runs_on_refit", "st
 def consumed_table(ev: Evaluation) -> pd.DataFrame:
     rows = [
         {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": REPORT_SCHEMA_VERSION,
             "path": c.path,
             "op_index": d.op_index,
             "op": d.op,
@@ -100,7 +100,7 @@ def consumed_table(ev: Evaluation) -> pd.DataFrame:
 def hook_table(ev: Evaluation) -> pd.DataFrame:
     rows = [
         {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": REPORT_SCHEMA_VERSION,
             "path": c.path,
             "module": h.module,
             "kind": h.kind,
@@ -139,7 +139,7 @@ def accuracy_table(ev: Evaluation) -> pd.DataFrame:
                 given = extract_answer(text)
                 rows.append(
                     {
-                        "schema_version": SCHEMA_VERSION,
+                        "schema_version": REPORT_SCHEMA_VERSION,
                         "point": c.label.point,
                         "arm": a.arm,
                         "item": i,

@@ -6,8 +6,11 @@ model (e.g. a CPU kernel-format reload) stay on that path class.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+from harness.device import Device
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,7 @@ class KnownIssue:
     the verdict is XPASS, which does. Scoped per device, and optionally per vLLM version,
     architecture and path, so a fix upstream shows up as XPASS on the version that has it."""
 
-    device: Literal["cpu", "cuda"]
+    device: Device
     """Where it applies (the arm's recorded device)."""
     reason: str
     """What goes wrong and why, as measured; shown with the verdict."""
@@ -40,16 +43,32 @@ class KnownIssue:
     on top of ``tensor_kinds``; None: any name of those kinds."""
     title: str = ""
     """One line naming the bug, ready to be an upstream issue title."""
+    engine_settings: tuple[tuple[str, object], ...] = ()
+    """Engine settings it needs, all of them, e.g. ``(("enable_prefix_caching", True),)``
+    (empty: any engine). Checked where the settings are known: before an arm starts."""
+    outcome: Literal["xfail", "skip"] = "xfail"
+    """``xfail``: the cell runs and its failure is expected; ``skip``: the harness does not
+    start it (measured: it hangs or kills the arm), and the path is SKIPPED with ``reason``,
+    decided before any engine from the checkpoint's architecture."""
     dtypes: tuple[str, ...] = ()
     """Model dtypes it was measured in (empty: every dtype); e.g. the CPU oneDNN handles
     exist for float32 weights only."""
 
     def applies(
-        self, path: str, device: str, vllm_version: str | None, architecture: str | None, dtype: str | None = None
+        self,
+        path: str,
+        device: str,
+        vllm_version: str | None,
+        architecture: str | None,
+        dtype: str | None = None,
+        engine: Mapping[str, object] | None = None,
     ) -> bool:
         """Whether this issue is expected for a subject that ran ``path`` on ``device``
-        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype."""
+        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, and (when
+        known) these engine settings."""
         if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
+            return False
+        if engine is not None and any(engine.get(k) != v for k, v in self.engine_settings):
             return False
         if self.paths and path not in self.paths:
             return False
@@ -107,6 +126,17 @@ def _cpu_fused_moe_reload(
 
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
+        engine_settings=(("enable_prefix_caching", True),),
+        outcome="skip",
+        title="CPU: prefix caching with Mamba layers ('align' cache mode) cannot generate",
+        reason="prefix caching with Mamba layers ('align' cache mode) cannot generate on vLLM 0.32's CPU backend "
+        "(measured: the first generate hangs, or raises IndexError in mamba_mixer2; "
+        "repro/mamba_prefix_caching_hangs_on_cpu.py), so the harness does not start it",
+    ),
     _cpu_fused_moe_reload(
         vllm=("==0.31.*", "==0.32.*"),
         architectures=("Qwen3MoeForCausalLM", "MixtralForCausalLM"),

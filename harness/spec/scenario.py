@@ -12,8 +12,8 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
+from harness.device import Device
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
 from harness.spec.run import ControlSpec, EngineSpec, JudgePolicy, Mode, PerturbSpec, PromptSpec, RunSpec
 
@@ -65,7 +65,7 @@ class ScenarioSpec:
     """The positive control of every cell (its tensor chosen per model unless named)."""
     engine_core_process: bool = False
     """Run vLLM's engine core in a process of its own in every arm (``EngineSpec``)."""
-    device: Literal["cpu", "gpu"] = "cpu"
+    device: Device = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
     builds: tuple[str, ...] = ()

@@ -10,7 +10,7 @@ import pytest
 from harness.checkpoints.tiny import tiny_qwen3
 
 pytestmark = [pytest.mark.cpu]
-CPU_PATHS = (
+PASSING_ON_CPU = (
     "reload_weights",
     "reload_weights_iterator",
     "discard_reload",
@@ -65,17 +65,17 @@ def stale(run_oracle):
 def test_stock_qwen3_passes_every_cpu_path_with_control_detected(stock):
     assert stock.exit_code == 0, stock.output
     paths = stock.summary["paths"]
-    for name in CPU_PATHS:
+    for name in PASSING_ON_CPU:
         assert paths[name]["verdict"] == "PASS", (name, paths[name]["reasons"])
         assert paths[name]["positive_control"]["detected"] and paths[name]["positive_control"]["tokens_moved"]
     refit = rows(stock, "tensors.csv", check="refit")
-    refit = refit[refit["path"].isin(CPU_PATHS)]
+    refit = refit[refit["path"].isin(PASSING_ON_CPU)]
     # NOISY: oneDNN handle pointers; UNJUDGEABLE: buffers built from the config, equal in A and B.
     assert set(refit["status"]) <= {"OK", "REBOUND", "NOISY", "UNJUDGEABLE"}
     assert (refit["status"] == "OK").sum() > (refit["status"] == "UNJUDGEABLE").sum()
     assert set(refit[refit["status"] == "NOISY"]["tensor"].str.split("<").str[1]) == {"closure>.handler.handler_tensor"}
     tokens = rows(stock, "tokens.csv", check="refit")
-    assert tokens[tokens["path"].isin(CPU_PATHS)]["first_divergence"].isna().all()
+    assert tokens[tokens["path"].isin(PASSING_ON_CPU)]["first_divergence"].isna().all()
     # The compiled path is judged against a compiled cold B of its own (an arm of the run).
     assert [a["status"] for a in stock.summary["arms"] if a["arm"] == "reference-compiled"] == ["ok"]
 
@@ -83,7 +83,7 @@ def test_stock_qwen3_passes_every_cpu_path_with_control_detected(stock):
 def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock):
     paths = stock.summary["paths"]
     control = "model.layers.0.post_attention_layernorm.weight"
-    for name in CPU_PATHS + ("reload_kernel_format",):
+    for name in PASSING_ON_CPU + ("reload_kernel_format",):
         so = paths[name]["sabotage"]
         assert so["twin_verdict"] == "FAIL" and so["caught"], (name, so)
         if name == "prefix_cache":  # stale KV is no tensor: the tokens must show it
@@ -92,7 +92,7 @@ def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock)
             assert so["detail"].startswith(f"caught: {control} "), (name, so)
     twins = rows(stock, "tensors.csv", check="refit", tensor=control)
     twins = twins[twins["path"].str.endswith("~sabotage") & twins["status"].isin(["STALE", "CORRUPT"])]
-    assert set(twins["path"]) == {f"{p}~sabotage" for p in CPU_PATHS + ("reload_kernel_format",)} - {
+    assert set(twins["path"]) == {f"{p}~sabotage" for p in PASSING_ON_CPU + ("reload_kernel_format",)} - {
         "prefix_cache~sabotage"
     }
     html = (stock.out / "index.html").read_text()
@@ -113,7 +113,7 @@ def test_gpu_only_paths_are_skipped_with_a_reason_and_never_pass(stock):
             "CUDA" in paths[name]["reasons"][0] or "CPUWorker.sleep" in paths[name]["reasons"][0]
         )
     html = (stock.out / "index.html").read_text()
-    assert all(f"<code>{name}</code>" in html for name in CPU_PATHS + KNOWN_ON_CPU + GPU_ONLY)  # one row per path
+    assert all(f"<code>{name}</code>" in html for name in PASSING_ON_CPU + KNOWN_ON_CPU + GPU_ONLY)  # one row per path
 
 
 def test_kernel_format_reload_leaves_exactly_the_cpu_linear_kernels_stale_a_known_issue(stock):

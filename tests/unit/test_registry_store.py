@@ -101,6 +101,15 @@ def test_sabotaged_twins_run_after_every_real_segment_with_only_their_first_refi
         "d/warm_B_control",
         "d~sabotage/warm_B",
     ]
+    # A failure in a twin's later, real refit is the twin's: every refit of its segment says so.
+    owners = [(s.path, s.target, s.owner) for s in shared if isinstance(s, Refit)][-4:]
+    assert owners == [
+        ("p1", "B", "p1~sabotage"),
+        ("p1", "A", "p1~sabotage"),
+        ("p2", "B", "p2~sabotage"),
+        ("p2", "A", "p2~sabotage"),
+    ]
+    assert {s.owner for s in shared[: 2 * len(real) - 1] if isinstance(s, Refit)} == {"p1", "p2"}
     without = make_plan(RunSpec(model="/a", paths=("p1",)), cs, needs, {})
     assert not any(isinstance(s, Observe) and s.label.path.endswith("~sabotage") for s in without.arms[2].steps[1:])
 
