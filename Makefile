@@ -34,10 +34,11 @@ browser:
 run: setup
 	$(VENV)/bin/refit-harness run $(RUN_ARGS)
 
-# Lint, format and the import contracts (pyproject.toml) first: they take seconds.
+# Lint, format, types (the parent side) and the import contracts (pyproject.toml) first: seconds.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 test: lint browser

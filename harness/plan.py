@@ -172,15 +172,31 @@ def make_plan(
     subject engine runs its paths' sabotaged twins after all the real segments, so a
     sabotage can never leak into a real path's verdict."""
     accuracy = AccuracyPrompts(spec.accuracy.prompts, spec.accuracy.max_tokens) if spec.accuracy else None
-    common = dict(
-        engine=spec.engine,
-        prompts=spec.prompts,
-        checkpoints=checkpoints,
-        timeout_s=spec.arm_timeout_s,
-        build=spec.build,
-        throughput=spec.throughput,
-        accuracy=accuracy,
-    )
+
+    def arm_plan(
+        name: str,
+        role: ArmRole,
+        paths: tuple[str, ...],
+        start: RefitTarget | Literal["B_damaged"],
+        steps: tuple[Step, ...],
+        requirements: EngineRequirements,
+    ) -> ArmPlan:
+        return ArmPlan(
+            name=name,
+            role=role,
+            paths=paths,
+            start=start,
+            steps=steps,
+            requirements=requirements,
+            engine=spec.engine,
+            prompts=spec.prompts,
+            checkpoints=checkpoints,
+            timeout_s=spec.arm_timeout_s,
+            build=spec.build,
+            throughput=spec.throughput,
+            accuracy=accuracy,
+        )
+
     runnable = [p for p in spec.paths if p not in unavailable]
     skipped = tuple(SkippedPath(p, unavailable[p]) for p in spec.paths if p in unavailable)
     if not runnable:
@@ -192,15 +208,15 @@ def make_plan(
     if accuracy:
         cold_b += (Probe(ProbeLabel("accuracy", cold)),)
     plain = EngineRequirements()
-    arms = [
-        ArmPlan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain, **common),
-        ArmPlan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain, **common),
+    arms: list[ArmPlan] = [
+        arm_plan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain),
+        arm_plan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain),
     ]
     groups: dict[EngineRequirements, list[str]] = {}
     for p in runnable:
         groups.setdefault(paths[p].requirements, []).append(p)
     for requirements, members in groups.items():
-        probe = ArmPlan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements, **common)
+        probe = arm_plan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements)
         steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
         # Right after the first path's refit to B: the refit engine's speed and accuracy.
         warm_b = ObservationLabel("warm_B", members[0])
@@ -212,14 +228,13 @@ def make_plan(
         if spec.sabotage:
             steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
         arms.append(
-            ArmPlan(
+            arm_plan(
                 name="subject-" + "+".join(members),
                 role="subject",
                 paths=tuple(members),
                 start="A",
                 steps=steps,
                 requirements=requirements,
-                **common,
             )
         )
     # A subject in another engine mode than the run's (the compiled path in an eager run) is
@@ -228,26 +243,24 @@ def make_plan(
     for mode in sorted({r.mode for r in groups if r.mode and r.mode != spec.engine.mode}):
         arms.insert(
             2,
-            ArmPlan(
+            arm_plan(
                 name=mode_reference_name(mode),
                 role="mode_reference",
                 paths=(),
                 start="B",
                 steps=(Observe(cold),),
                 requirements=EngineRequirements(mode=mode),
-                **common,
             ),
         )
     if accuracy:  # the eval's discriminating power: does a damaged B score lower than B?
         arms.append(
-            ArmPlan(
+            arm_plan(
                 name="damaged",
                 role="damaged",
                 paths=(),
                 start="B_damaged",
                 steps=(Probe(ProbeLabel("accuracy", ObservationLabel("cold_B_damaged"))),),
                 requirements=plain,
-                **common,
             )
         )
     return Plan(arms=tuple(arms), skipped=skipped)

@@ -43,7 +43,8 @@ SCRATCH_DIR = "scratch"
 
 
 class _Named(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
 
 def arm_files(workdir: Path, arm: _Named) -> tuple[Path, Path, Path]:

@@ -67,7 +67,7 @@ def _forbid_unknown_fields(tp: Any, seen: set) -> None:
     seen.add(tp)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if "__pydantic_config__" not in vars(tp):
-            tp.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
+            tp.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")  # type: ignore[attr-defined]
         for hint in typing.get_type_hints(tp).values():
             _forbid_unknown_fields(hint, seen)
     for arg in typing.get_args(tp):
@@ -83,7 +83,7 @@ def _adapter(tp: Any) -> pydantic.TypeAdapter:
 def from_jsonable(tp: type[T], data: Any) -> T:
     """Validate JSON data as a ``tp`` (dataclasses, tuples, optionals, literals; ``"NaN"`` for
     a float). Raises ``pydantic.ValidationError`` naming every field that is wrong."""
-    return _adapter(tp).validate_python(data)
+    return _adapter(tp).validate_python(data)  # type: ignore[arg-type]  # a dataclass type is hashable
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:

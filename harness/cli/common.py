@@ -9,6 +9,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from harness.errors import HarnessError
 from harness.judge import exit_codes
@@ -41,7 +42,7 @@ positive_float.__name__ = "float"
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
         self.exit(2, f"refit-harness: error: {message}\n")
 
 

@@ -149,7 +149,7 @@ def judge_accuracy(arms: tuple[ArmResult, ...] | list[ArmResult], answers: tuple
     for point, arm, correct, invalid in raw:
         status = ""
         if point not in ("cold_B", "cold_B_damaged"):
-            if not discriminates:
+            if not discriminates or cold_range is None:
                 status = NO_POWER
             else:
                 status = SAME if cold_range[0] <= correct <= cold_range[1] else DIFFERS

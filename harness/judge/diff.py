@@ -162,10 +162,14 @@ class PathComparison:
 class Digested(Protocol):
     """What the classifier reads of a census tensor or a recorded kernel input."""
 
-    digest: str
-    dtype: str
-    shape: tuple[int, ...]
-    nan_count: int
+    @property
+    def digest(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def nan_count(self) -> int | None: ...
 
 
 def _same(a: Digested, b: Digested) -> bool:
@@ -233,6 +237,7 @@ def compare_tensors(
         moved = bool(s and p and s.kind != "kernel" and s.address != p.address and s.address and p.address)
         status = classify(s, r, w, moved=moved, noisy=name in noisy)
         rec = s or r
+        assert rec is not None  # the name came from one side
         diffs.append(
             TensorDiff(
                 check=check,
@@ -399,7 +404,9 @@ def compare_consumed(
         s, r, w, p, n = subj.get(key), ref.get(key), wit.get(key), prev.get(key), noisy.get(key)
         moved = s is not None and p is not None and p.address != s.address and (p.rank, p.name) == (s.rank, s.name)
         status = classify(s, r, w, moved=moved, noisy=n is not None and r is not None and n.digest != r.digest)
-        c, shown = (s, subject.shown_name(s)) if s is not None else (r, reference.shown_name(r))
+        c = s if s is not None else r
+        assert c is not None and reference is not None  # the key came from one side
+        shown = subject.shown_name(c) if s is not None else reference.shown_name(c)
         diffs.append(
             ConsumedDiff(
                 op_index=c.op_index, op=c.op, arg=c.arg, module=c.module, tensor=shown, status=status, name=c.name
@@ -475,8 +482,9 @@ def compare_path(
     moved_from = before if same_engine else None  # addresses are comparable within one engine only
     tensors: list[TensorDiff] = []
     tokens: list[TokenDiff] = []
-    if ref is not None and noise is not None and _first_obs(noise) is not None:
-        tensors += compare_tensors("noise", _first_obs(noise), ref)
+    noise_obs = _first_obs(noise)
+    if ref is not None and noise_obs is not None:
+        tensors += compare_tensors("noise", noise_obs, ref)
         tokens += noise_tokens.values()
     cold_b = _first_obs(refit_reference) if refit_reference is not None else ref
     if refit_reference is not None and cold_b is None:
@@ -543,4 +551,5 @@ def compare_path(
 def cache_hits(observation: Observation | None) -> int | None:
     """Prompt tokens served from the prefix cache in one observation's generation."""
     counts = [o.cached_tokens for o in observation.outputs] if observation else []
-    return None if not counts or any(c is None for c in counts) else sum(counts)
+    known = [c for c in counts if c is not None]
+    return sum(known) if counts and len(known) == len(counts) else None

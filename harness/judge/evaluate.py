@@ -45,15 +45,16 @@ def evaluate(out: Path) -> Evaluation:
         if path in skipped_paths:
             verdicts.append(skipped(path, skipped_paths[path]))
             continue
-        arm = record.plan.subject_of(path)
-        subject = results.get(arm.name) if arm else None
-        if subject is None:
+        arm_or_none = record.plan.subject_of(path)
+        subject = results.get(arm_or_none.name) if arm_or_none else None
+        if arm_or_none is None or subject is None:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
             continue
         refusal = next((a.refused for a in (subject, reference) if a is not None and a.refused), None)
         if refusal:  # nothing to refit: vLLM will not run this engine here
             verdicts.append(skipped(path, f"vLLM cannot start this engine here: {refusal}"))
             continue
+        arm = arm_or_none
         cls = PATHS.get(path)
         # The control is localized under the model's own name for it (vLLM may rename it on load).
         renamed = dict(next((o.model.weight_names for o in subject.observations), ()))

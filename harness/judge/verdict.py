@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Literal
 
-from harness.judge.diff import PathComparison, TensorDiff, TensorStatus, TokenDiff, control_targets
+from harness.judge.diff import ConsumedDiff, PathComparison, TensorDiff, TensorStatus, TokenDiff, control_targets
 from harness.spec.known_issues import KnownIssue
 from harness.spec.run import JudgePolicy, Mode
 
@@ -101,8 +101,9 @@ def judge(
     kernel_bad = [
         d for d in c.consumed if d.status in FAILING_STATUSES or (d.status is TensorStatus.REBOUND and fail_on_rebound)
     ]
-    reasons = [_tensor_reason(check, [d for d in bad if d.check == check]) for check in JUDGED_CHECKS]
-    reasons = [r for r in reasons if r]
+    reasons: list[str] = [
+        r for check in JUDGED_CHECKS if (r := _tensor_reason(check, [d for d in bad if d.check == check]))
+    ]
     token_reasons = _token_reasons(c.tokens, policy)
     reasons += token_reasons
     first_kernel = (
@@ -149,8 +150,8 @@ def judge(
     reasons += list(c.notes)
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
-        why = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
-        status, reasons = VerdictStatus.ERROR, why + reasons
+        errors = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
+        status, reasons = VerdictStatus.ERROR, errors + reasons
     elif bad or kernel_bad or token_reasons or cache_reasons:
         status, reasons = VerdictStatus.FAIL, reasons + control_reasons
     elif control_reasons or evidence_reasons:
@@ -186,7 +187,9 @@ def judge_sabotage(
 ) -> SabotageOutcome:
     """Was the sabotaged twin caught, with the evidence its sabotage plants? ``verdict`` is
     the twin's own verdict (judged without known issues: the twin must fail on its own)."""
-    failing = [d for d in twin.tensors if d.check == "refit" and d.status in FAILING_STATUSES]
+    failing: list[TensorDiff | ConsumedDiff] = [
+        d for d in twin.tensors if d.check == "refit" and d.status in FAILING_STATUSES
+    ]
     failing += [d for d in twin.consumed if d.status in FAILING_STATUSES]
     if evidence == "tokens":
         diverged = [d for d in twin.tokens if d.check == "refit" and d.first_divergence is not None]

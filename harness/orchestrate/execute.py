@@ -58,7 +58,7 @@ def validate(spec: RunSpec) -> RunSpec:
         raise UsageError(f"{Path(spec.model) / 'config.json'} is not a valid JSON config: {exc}") from None
     try:
         resolved = resolve_prompts(spec)
-        prompts = resolved.prompts.token_ids  # the prompts the arms will run
+        prompts = resolved.prompts.token_ids or ()  # the prompts the arms will run
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
     longest = max((len(ids) for ids in prompts), default=0)
@@ -300,7 +300,7 @@ def execute(
         kept = _finished(arm_files(out, arm)[1], keys[arm.name]) if resume else None
         if kept == "ok":
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
-        elif arm.name in record.plan.reused:
+        elif arm.name in record.plan.reused and record.reference_key:
             arm_files(out, arm)[1].parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(
                 reference.cache_dir(record.reference_key, DEFAULT_CACHE) / f"{arm.role}.result.json",
@@ -356,7 +356,7 @@ def execute(
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
         # Their full weight copies too: a killed arm's own cleanup may never run.
         shutil.rmtree(out / "scratch", ignore_errors=True)
-    if inputs is not None and not record.plan.reused:
+    if inputs is not None and record.reference_key and not record.plan.reused:
         fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
         if all(_finished(f, key) == "ok" for f, key in fresh.values()):
             reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)

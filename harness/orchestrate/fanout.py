@@ -27,6 +27,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from harness.device import cuda_available
 from harness.errors import InfrastructureError
@@ -79,9 +80,9 @@ def restore_signal_handlers() -> None:
     interrupts.install()
 
 
-def arm_resources(arm: ArmPlan, fan: FanoutSpec) -> dict:
+def arm_resources(arm: ArmPlan, fan: FanoutSpec) -> dict[str, Any]:
     ranks = arm.engine.tensor_parallel_size
-    res = {"num_cpus": ranks, "memory": fan.arm_memory_bytes}
+    res: dict[str, Any] = {"num_cpus": ranks, "memory": fan.arm_memory_bytes}
     if fan.custom_resources:
         res["resources"] = dict(fan.custom_resources)
     if cuda_available():
@@ -262,13 +263,13 @@ def run_arms(
         # wait here, not in Ray's queue, so the ones not started yet can be cancelled.
         concurrent = local_concurrency(fan) if not fan.address else len(arms)
         queue = sorted(arms, key=lambda a: len(a.steps), reverse=True)
-        pending = {}
+        pending: dict[Any, tuple[ArmPlan, Any]] = {}
         while queue or pending:
             while queue and len(pending) < concurrent:
                 arm = queue.pop(0)
                 started(arm)
                 store.dump(arm, arm_files(workdir, arm)[0], "arm_plan")
-                actor = actor_cls.options(**arm_resources(arm, fan)).remote()
+                actor: Any = actor_cls.options(**arm_resources(arm, fan)).remote()
                 run = actor.run.remote(
                     arm, env, staged, None if fan.address else workdir, (keys or {}).get(arm.name, "")
                 )

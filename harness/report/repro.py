@@ -152,7 +152,7 @@ def repro_script(ev: Evaluation) -> str | None:
         reason=_wrap(f"{reason} Known as: {title}" if verdict.status is VerdictStatus.XFAIL else reason),
         a=record.checkpoints.a,
         b=record.checkpoints.b,
-        prompts=[list(p) for p in prompts.token_ids],
+        prompts=[list(p) for p in prompts.token_ids or ()],
         engine=engine,
         max_tokens=prompts.max_tokens,
         tolerance=_tolerance(ev, verdict.path),

@@ -133,7 +133,7 @@ def accuracy_summary(ev: Evaluation) -> dict[str, Any] | None:
 
     spec = ev.record.spec.accuracy
     j = judge_run(ev.arms, spec)
-    if j is None:
+    if j is None or spec is None:
         return None
     tokenizers = sorted({c.tokenizer for a in ev.arms for c in a.completions})
     return {

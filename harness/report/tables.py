@@ -134,6 +134,7 @@ def accuracy_table(ev: Evaluation) -> pd.DataFrame:
     spec = ev.record.spec.accuracy
     rows = []
     for a in ev.arms if spec else ():
+        assert spec is not None
         for c in a.completions:
             for i, (prompt, answer, text) in enumerate(zip(spec.prompts, spec.answers, c.texts)):
                 given = extract_answer(text)

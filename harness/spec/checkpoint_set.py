@@ -31,4 +31,7 @@ class CheckpointSet:
     cold-starts on it."""
 
     def directory(self, key: str) -> str:
-        return {"A": self.a, "B": self.b, "B_control": self.b_control, "B_damaged": self.b_damaged}[key]
+        found = {"A": self.a, "B": self.b, "B_control": self.b_control, "B_damaged": self.b_damaged}[key]
+        if found is None:
+            raise ValueError(f"no checkpoint {key} was prepared for this run")
+        return found
