@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from harness.cli.common import exit_for, interrupted, positive_float, positive_int, progress, set_out
 from harness.errors import BuildError, UsageError
+from harness.orchestrate.execute import ArmEvents, Progress
 from harness.spec.run import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec, ThroughputSpec
 from harness.spec.scenario import ScenarioSpec
 
@@ -200,9 +203,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if build_specs:
             spec = replace(spec, build=build_specs[0])
     try:
-        evaluation = execute(
-            spec, out, progress, fan=fan, resume=bool(args.resume), reuse_reference=args.reuse_reference
-        )
+        with watching() as (say, events):
+            evaluation = execute(
+                spec, out, say, fan=fan, resume=bool(args.resume), reuse_reference=args.reuse_reference, events=events
+            )
     except KeyboardInterrupt as exc:
         return interrupted(exc, lambda: write_reports(evaluate(out), out)["index.html"])
     files = write_reports(evaluation, out)
@@ -210,6 +214,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
     print(f"report: {files['index.html'].resolve()}")
     return exit_for(evaluation.exit_code, [v.path for v in evaluation.verdicts if v.status.value == "ERROR"], out)
+
+
+@contextmanager
+def watching() -> Iterator[tuple[Progress, ArmEvents | None]]:
+    """Where progress lines go, and who watches the arms: a live view on a terminal
+    (``harness.cli.live``), plain lines elsewhere."""
+    from harness.cli.live import LiveArms, wanted
+
+    if not wanted():
+        yield progress, None
+        return
+    with LiveArms() as live:
+        yield live.say, live
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -399,21 +416,23 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
             f"resume it without -s (refit-harness run --resume {out})"
         )
     throughput, accuracy = throughput_of(args.throughput), accuracy_of(args.accuracy)
-    summary, index = run_matrix(
-        scenario,
-        groups,
-        out,
-        build_specs,
-        fan=fan,
-        progress=progress,
-        on_interrupt=interrupted,
-        model=args.model,
-        noise_build=args.noise_build,
-        expect=tuple(args.expect),
-        resume=bool(args.resume),
-        reuse_reference=args.reuse_reference,
-        amend=lambda spec: replace(spec, throughput=throughput, accuracy=accuracy),
-    )
+    with watching() as (say, events):
+        summary, index = run_matrix(
+            scenario,
+            groups,
+            out,
+            build_specs,
+            fan=fan,
+            events=events,
+            progress=say,
+            on_interrupt=interrupted,
+            model=args.model,
+            noise_build=args.noise_build,
+            expect=tuple(args.expect),
+            resume=bool(args.resume),
+            reuse_reference=args.reuse_reference,
+            amend=lambda spec: replace(spec, throughput=throughput, accuracy=accuracy),
+        )
     for cell, c in summary["cells"].items():
         progress(f"{cell}: " + (" ".join(f"{b}={v}" for b, v in c["builds"].items()) if build_specs else c["verdict"]))
     print(f"report: {index.resolve()}")

@@ -40,6 +40,25 @@ class Verdict:
     """Whether the positive control was seen at its target (None if never run)."""
     sabotage: SabotageOutcome | None = None
     """Whether the path's sabotaged twin was caught (None when no twin ran)."""
+    notes: tuple[str, ...] = ()
+    """Facts reported but not deciding the verdict: REBOUND tensors that fail nothing here,
+    the noise floor, UNJUDGEABLE tensors. A reviewer reads them folded away."""
+
+    @property
+    def headline(self) -> str:
+        """One line: what decided this verdict."""
+        if self.status is VerdictStatus.PASS:
+            twin = (
+                "; its sabotaged twin was caught"
+                if self.sabotage is not None and self.sabotage.caught
+                else "; no sabotaged twin ran (--sabotage)"
+            )
+            return f"warm A→B equals cold B; the positive control was seen{twin}"
+        if self.status is VerdictStatus.FAIL and (self.first_divergent_kernel_input or self.first_divergent_tensor):
+            if self.first_divergent_kernel_input:
+                return f"first divergent kernel input: {self.first_divergent_kernel_input}"
+            return f"first divergent tensor: {self.first_divergent_tensor}"
+        return self.reasons[0] if self.reasons else self.status.value
 
 
 @dataclass(frozen=True)
@@ -114,10 +133,11 @@ def judge(
     )
     if first_kernel:
         reasons.insert(0, f"first divergent kernel input: {first_kernel}; {len(kernel_bad)} differing kernel input(s)")
+    notes: list[str] = []  # reported, not deciding
     rebound = sorted({d.tensor for d in judged if d.status is TensorStatus.REBOUND and not fails(d)})
     if rebound:
         why = "no kernel reads them" if fail_on_rebound else "no captured graph reads old addresses in this mode"
-        reasons.append(f"{len(rebound)} tensor(s) REBOUND, not failing: {why} (first: {rebound[0]})")
+        notes.append(f"{len(rebound)} tensor(s) REBOUND, not failing: {why} (first: {rebound[0]})")
     noisy = sorted({d.tensor for d in c.tensors if d.check == "noise" and d.status is not TensorStatus.OK})
     # Name a wrong value before a moved address, and the refit check before the others.
     ranked = sorted(bad, key=lambda d: (d.status is TensorStatus.REBOUND, JUDGED_CHECKS.index(d.check)))
@@ -126,13 +146,13 @@ def judge(
     control = c.control
     control_reasons = _control_reasons(c)
     if noisy:
-        reasons.append(
+        notes.append(
             f"noise floor: {len(noisy)} tensor(s) differ between two cold starts on B and were not "
             f"judged (first: {noisy[0]})"
         )
     unjudgeable = [d.tensor for d in c.tensors if d.check == "refit" and d.status is TensorStatus.UNJUDGEABLE]
     if unjudgeable:
-        reasons.append(
+        notes.append(
             f"{len(unjudgeable)} tensor(s) UNJUDGEABLE: equal before and after the refit, so they could "
             f"not show a refit that missed them (first: {unjudgeable[0]})"
         )
@@ -147,7 +167,7 @@ def judge(
     )
     reasons = cache_reasons + reasons
 
-    reasons += list(c.notes)
+    notes += c.notes
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
         errors = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
@@ -157,9 +177,11 @@ def judge(
     elif control_reasons or evidence_reasons:
         status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + evidence_reasons + reasons
     else:
-        return _against_known(Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True), knowns, ())
+        passed = Verdict(c.path, VerdictStatus.PASS, tuple(reasons), None, None, True, notes=tuple(notes))
+        return _against_known(passed, knowns, ())
     explaining = _explaining(knowns, c, status, bad, kernel_bad)
-    return _against_known(Verdict(c.path, status, tuple(reasons), first, first_kernel, detected), knowns, explaining)
+    verdict = Verdict(c.path, status, tuple(reasons), first, first_kernel, detected, notes=tuple(notes))
+    return _against_known(verdict, knowns, explaining)
 
 
 def _evidence_reasons(c: PathComparison) -> list[str]:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from harness import store
 from harness.checkpoints.prepare import prepare as prepare_checkpoints
@@ -35,6 +36,19 @@ from harness.tokenizer import own_tokenizer
 DEFAULT_VOCAB = 256  # prompts for a checkpoint whose config names no vocabulary
 
 Progress = Callable[[str], None]
+
+
+class ArmEvents(Protocol):
+    """Who hears the arms of one run go by (a live display); ``progress`` still gets every line."""
+
+    def planned(self, arms: list[ArmPlan], logs: dict[str, Path]) -> None:
+        """The arms about to run, and each one's log file."""
+
+    def started(self, arm: ArmPlan) -> None:
+        """An arm's engine starts."""
+
+    def finished(self, arm: ArmPlan, result: ArmResult) -> None:
+        """An arm ended (ok or error)."""
 
 
 def validate(spec: RunSpec) -> RunSpec:
@@ -280,8 +294,10 @@ def execute(
     fan: FanoutSpec | None = None,
     resume: bool = False,
     reuse_reference: bool = False,
+    events: ArmEvents | None = None,
 ) -> Evaluation:
     """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here.
+    ``events`` hears each arm start and finish (the CLI's live display on a terminal).
     With ``reuse_reference``, cold-B arms come from the reference cache when their key is
     there, and fresh ones are stored in it."""
     import uuid
@@ -312,7 +328,12 @@ def execute(
                 progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: finished, but {kept}; running it again")
             todo.append(arm)
 
+    if events is not None:
+        events.planned(todo, {a.name: arm_files(out, a)[2] for a in todo})
+
     def started(arm: ArmPlan) -> None:
+        if events is not None:
+            events.started(arm)
         progress(
             f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.stage.removeprefix('cold_')}"
             + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
@@ -320,6 +341,8 @@ def execute(
         )
 
     def finished(arm: ArmPlan, result: ArmResult) -> None:
+        if events is not None:
+            events.finished(arm, result)
         progress(
             f"[{number[arm.name]}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
             + (f" - {result.error}" if result.error else "")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation
-from harness.orchestrate.execute import Progress, execute
+from harness.orchestrate.execute import ArmEvents, Progress, execute
 from harness.orchestrate.fanout import FanoutSpec
 from harness.spec.build import BuildSpec
 from harness.spec.run import RunSpec
@@ -89,6 +89,7 @@ def run_group(
     resume: bool = False,
     reuse_reference: bool = False,
     amend: Callable[[RunSpec], RunSpec] = lambda spec: spec,
+    events: ArmEvents | None = None,
 ) -> tuple[CellGroup, Evaluation]:
     """One cell group, run and reported in ``out``: the group with its model resolved, and
     its evaluation. ``amend`` adds what the command line gives every cell."""
@@ -96,7 +97,7 @@ def run_group(
 
     group = resolve_model(group, model)
     spec = amend(replace(group.spec, build=build) if build else group.spec)
-    evaluation = execute(spec, out, progress, fan=fan, resume=resume, reuse_reference=reuse_reference)
+    evaluation = execute(spec, out, progress, fan=fan, resume=resume, reuse_reference=reuse_reference, events=events)
     write_reports(evaluation, out)
     return group, evaluation
 
@@ -116,6 +117,7 @@ def run_matrix(
     resume: bool = False,
     reuse_reference: bool = False,
     amend: Callable[[RunSpec], RunSpec] = lambda spec: spec,
+    events: ArmEvents | None = None,
 ):
     """Every group (per build), then the per-group comparisons; returns the matrix summary
     and the path of its index page. On Ctrl-C, ``on_interrupt`` gets the interrupt and a
@@ -144,6 +146,7 @@ def run_matrix(
                         resume=resume,
                         reuse_reference=reuse_reference and not build_specs,
                         amend=amend,
+                        events=events,
                     )
                 )
             except KeyboardInterrupt as exc:

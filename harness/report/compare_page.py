@@ -8,11 +8,11 @@ import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from jinja2 import Environment, select_autoescape
 from markupsafe import Markup, escape
 
 from harness.builds.crossbuild import NO_DIFFERENCE, BuildComparison
-from harness.report.style import CSS, ICON, REPORT_SCHEMA_VERSION
+from harness.report.render import render
+from harness.report.style import ICON, REPORT_SCHEMA_VERSION
 from harness.store import to_jsonable
 
 
@@ -319,7 +319,6 @@ def svg_throughput(rows) -> Markup:
 
 # --- index.html ----------------------------------------------------------------------------
 
-_ENV = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
 
 JS = """
 document.querySelectorAll('table.sortable').forEach(function(t){
@@ -332,123 +331,6 @@ document.querySelectorAll('input.filter').forEach(function(inp){inp.addEventList
   var q=inp.value.toLowerCase(),t=document.getElementById(inp.dataset.table);
   Array.from(t.tBodies[0].rows).forEach(function(r){r.style.display=r.textContent.toLowerCase().indexOf(q)<0?'none':'';});
 });});
-"""
-
-TEMPLATE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
-<title>refit-harness: {{ base.build }} vs {{ pr.build }}</title><style>{{ css }}</style></head><body>
-<h1>refit-harness: two builds side by side</h1>
-<p class="muted">base <code>{{ base.build }}</code> (vLLM {{ base.vllm }}) vs pr <code>{{ pr.build }}</code>
-(vLLM {{ pr.vllm }}){% if base2 %}, with base2 <code>{{ base2.build }}</code> as the run-to-run noise floor{% endif %}.
-A difference inside the base-vs-base2 spread is reported as “{{ nmd }}”.</p>
-<div id="expectations" class="banner {{ 'met' if met else 'unmet' }}">Expectations {{ 'met' if met else 'NOT met' }}
-<ul>{% for e in cmp.expectations %}<li class="{{ 'met' if e.met else 'unmet' }}">{{ e.expectation.build }}:
-{{ e.expectation.verdict }} on cells <code>{{ e.expectation.cells }}</code> —
-{% for path, v in e.actual %}<code>{{ path }}</code> {{ v }}{% if not loop.last %}, {% endif %}{% else %}{{ 'no cell regressed' if e.implied else 'no cell' }}{% endfor %}
-</li>{% endfor %}</ul></div>
-{% if cmp.notes %}<ul class="notes">{% for n in cmp.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
-
-<section id="grid"><h2>Verdicts: cells × builds</h2>
-<table class="grid"><thead><tr><th>cell</th><th>base</th>{% if base2 %}<th>base2</th>{% endif %}<th>pr</th>
-<th>outcome</th></tr></thead><tbody>
-{% for r in cmp.verdicts %}<tr data-cell="{{ r.path }}"><td><code>{{ r.path }}</code></td>
-<td class="v {{ r.base or '' }}">{{ r.base or '—' }}</td>{% if base2 %}<td class="v {{ r.base2 or '' }}">{{ r.base2 or '—' }}</td>{% endif %}
-<td class="v {{ r.pr or '' }}">{{ r.pr or '—' }}</td><td class="{{ r.outcome.replace(' ', '-') }}">{{ r.outcome }}</td></tr>
-{% endfor %}</tbody></table>
-<details><summary>first reason per build</summary><table><thead><tr><th>cell</th><th>base</th><th>pr</th></tr></thead>
-<tbody>{% for r in cmp.verdicts %}<tr><td><code>{{ r.path }}</code></td><td>{{ r.base_reason or '—' }}</td>
-<td>{{ r.pr_reason or '—' }}</td></tr>{% endfor %}</tbody></table></details></section>
-
-<section id="deciding"><h2>Tensor status changes that decide a verdict</h2>
-{% if deciding %}<table class="sortable" id="t-deciding"><thead><tr><th>path</th><th>check</th><th>tensor</th><th>kind</th>
-<th>base</th>{% if base2 %}<th>base2</th>{% endif %}<th>pr</th></tr></thead><tbody>
-{% for c in deciding %}<tr><td><code>{{ c.path }}</code></td><td>{{ c.check }}</td><td><code>{{ c.tensor }}</code></td>
-<td>{{ c.kind }}</td><td class="{{ c.base }}">{{ c.base }}</td>{% if base2 %}<td class="{{ c.base2 or '' }}">{{ c.base2 or '—' }}</td>{% endif %}
-<td class="{{ c.pr }}">{{ c.pr }}</td></tr>{% endfor %}</tbody></table>
-{% else %}<p>No judged tensor changed status between base and pr.</p>{% endif %}
-{% if reported %}<details id="reported-changes"><summary>{{ reported|length }} status change(s) that are not judged or
-only reported (NOISY, REBOUND, OK↔REBOUND)</summary>
-<input class="filter" data-table="t-reported" placeholder="filter…"><table class="sortable" id="t-reported"><thead><tr>
-<th>path</th><th>check</th><th>tensor</th><th>kind</th><th>base</th><th>pr</th></tr></thead><tbody>
-{% for c in reported %}<tr><td><code>{{ c.path }}</code></td><td>{{ c.check }}</td><td><code>{{ c.tensor }}</code></td>
-<td>{{ c.kind }}</td><td class="{{ c.base }}">{{ c.base }}</td><td class="{{ c.pr }}">{{ c.pr }}</td></tr>{% endfor %}
-</tbody></table></details>{% endif %}</section>
-
-<section id="tokens"><h2>Greedy tokens on cold B, pr vs base</h2>
-<p class="muted">Floor: {{ cmp.tokens[0].floor_source if cmp.tokens else '—' }}.</p>
-{{ plot_divergence }}
-<table class="sortable" id="t-tokens"><thead><tr><th>prompt</th><th>outcome</th><th>first divergence</th>
-<th>floor divergence</th><th>max logprob diff</th><th>floor logprob diff</th><th>base tokens</th><th>pr tokens</th></tr></thead>
-<tbody>{% for t in cmp.tokens %}<tr><td>{{ t.prompt }}</td><td class="{{ cls(t.outcome) }}">{{ t.outcome }}</td>
-<td>{{ '—' if t.first_divergence is none else t.first_divergence }}</td>
-<td>{{ '—' if t.floor_first_divergence is none else t.floor_first_divergence }}</td>
-<td>{{ '%.3g'|format(t.max_logprob_diff) }}</td><td>{{ '%.3g'|format(t.floor_logprob_diff) }}</td>
-<td class="mono">{{ t.base_tokens|join(' ') }}</td><td class="mono">{{ t.pr_tokens|join(' ') }}</td></tr>{% endfor %}
-</tbody></table></section>
-
-<section id="values"><h2>Tensor values on cold B, pr vs base</h2>
-<p class="muted">Exact digests of every census tensor of the reference arm (cold B). The floor: base2 vs base, and
-cold B twice inside each run.</p>
-{{ plot_layers }}
-{% if measured %}<input class="filter" data-table="t-values" placeholder="filter…">
-<table class="sortable" id="t-values"><thead><tr><th>tensor</th><th>kind</th><th>layer</th><th>outcome</th>
-<th>|max| base</th><th>|max| pr</th><th>relative change</th></tr></thead><tbody>
-{% for v in measured %}<tr><td><code>{{ v.tensor }}</code></td><td>{{ v.kind }}</td><td>{{ v.layer }}</td>
-<td class="{{ cls(v.outcome) }}">{{ v.outcome }}</td><td>{{ num(v.base_absmax) }}</td><td>{{ num(v.pr_absmax) }}</td>
-<td>{{ num(v.relative_change) }}</td></tr>{% endfor %}</tbody></table>
-{% else %}<p>No cold-B tensor value differs between base and pr beyond the floor.</p>{% endif %}
-{% if floor_values %}<details><summary>{{ floor_values|length }} tensor(s) that differ but also within the floor
-({{ nmd }})</summary><table class="sortable"><thead><tr><th>tensor</th><th>kind</th></tr></thead><tbody>
-{% for v in floor_values %}<tr><td><code>{{ v.tensor }}</code></td><td>{{ v.kind }}</td></tr>{% endfor %}
-</tbody></table></details>{% endif %}</section>
-
-<section id="hooks"><h2>Mounting points: post-load hooks by class</h2>
-<table class="sortable" id="t-hooks"><thead><tr><th>class</th><th>hook</th><th>base</th><th>pr</th>
-<th>ran on refit (base)</th><th>ran on refit (pr)</th><th>outcome</th></tr></thead><tbody>
-{% for h in cmp.hooks %}<tr><td><code>{{ h.owner }}</code></td><td>{{ h.kind }}</td><td>{{ h.base }}</td><td>{{ h.pr }}</td>
-<td>{{ h.base_runs_on_refit }}</td><td>{{ h.pr_runs_on_refit }}</td><td class="{{ h.outcome }}">{{ h.outcome }}</td></tr>
-{% endfor %}</tbody></table></section>
-
-<section id="throughput"><h2>Generation throughput (--throughput)</h2>
-{% if cmp.throughput %}<p class="muted">tokens/s, median of the timed runs; the band is every base and base2 sample. A
-refit engine slower than its own cold B beyond the cold engines' samples is flagged.</p>
-{{ plot_throughput }}
-<table class="sortable" id="t-throughput"><thead><tr><th>point</th><th>base</th><th>base2</th><th>pr</th><th>band</th>
-<th>outcome</th><th>refit slower than cold B</th></tr></thead><tbody>
-{% for r in cmp.throughput %}<tr><td><code>{{ r.point }}</code></td><td>{{ num(r.base_median) }}</td>
-<td>{{ num(r.base2_median) }}</td><td>{{ num(r.pr_median) }}</td><td>{{ num(r.band_low) }}–{{ num(r.band_high) }}</td>
-<td class="{{ cls(r.outcome) }}">{{ r.outcome }}</td><td class="{{ 'differs' if r.slower_than_cold else '' }}">
-{{ r.slower_than_cold or 'no' }}</td></tr>{% endfor %}</tbody></table>
-{% else %}<p class="muted">Not measured: run with <code>--throughput</code>.</p>{% endif %}</section>
-
-<section id="accuracy"><h2>Accuracy (--accuracy)</h2>
-{% if cmp.accuracy %}<p class="muted">Exact match, fraction of items correct; the band is every base and base2 arm at
-that point. <code>cold_B_damaged</code> is a heavily damaged copy of B: when it scores no lower than cold B the eval has
-no discriminating power, and no accuracy delta means anything.</p>
-<table class="sortable" id="t-accuracy"><thead><tr><th>point</th><th>base</th><th>base2</th><th>pr</th><th>delta</th>
-<th>band</th><th>outcome</th><th>refit differs from cold B</th></tr></thead><tbody>
-{% for r in cmp.accuracy %}<tr><td><code>{{ r.point }}</code></td><td>{{ pct(r.base_accuracy) }}</td>
-<td>{{ pct(r.base2_accuracy) }}</td><td>{{ pct(r.pr_accuracy) }}</td><td>{{ num(r.delta) }}</td>
-<td>{{ pct(r.band_low) }}–{{ pct(r.band_high) }}</td><td class="{{ cls(r.outcome) }}">{{ r.outcome }}</td>
-<td class="{{ 'differs' if r.differs_from_cold else '' }}">{{ r.differs_from_cold or 'no' }}</td></tr>{% endfor %}
-</tbody></table>
-{% else %}<p class="muted">Not measured: run with <code>--accuracy FILE.jsonl</code>.</p>{% endif %}</section>
-
-<section id="timings"><h2>Arm wall time (engine start included)</h2>
-<p class="muted">A coarse speed measure; a delta inside the base..base2 band is “{{ nmd }}”.</p>
-{{ plot_timings }}
-<details><summary>table</summary><table class="sortable" id="t-timings"><thead><tr><th>arm</th><th>base s</th>
-<th>base2 s</th><th>pr s</th><th>delta s</th><th>band s</th><th>outcome</th></tr></thead><tbody>
-{% for r in cmp.timings %}<tr><td>{{ r.arm }}</td><td>{{ num(r.base_seconds) }}</td><td>{{ num(r.base2_seconds) }}</td>
-<td>{{ num(r.pr_seconds) }}</td><td>{{ num(r.delta) }}</td><td>{{ num(r.band) }}</td>
-<td class="{{ cls(r.outcome) }}">{{ r.outcome }}</td></tr>{% endfor %}</tbody></table></details></section>
-
-<section id="provenance"><h2>Provenance</h2>
-<table><thead><tr><th></th>{% for b in cmp.builds %}<th>{{ b.label }}</th>{% endfor %}</tr></thead><tbody>
-{% for key in ['build', 'vllm', 'vllm_git_sha', 'torch', 'torch_git_sha', 'device', 'python_executable',
-'harness_git_sha', 'started', 'directory'] %}<tr><th>{{ key }}</th>{% for b in cmp.builds %}
-<td><code>{{ b[key] or '—' }}</code></td>{% endfor %}</tr>{% endfor %}</tbody></table>
-<p>Command: <code>{{ cmp.command or '—' }}</code></p></section>
-<script>{{ js }}</script></body></html>
 """
 
 
@@ -465,7 +347,8 @@ def render_html(cmp: BuildComparison) -> str:
 
     builds = {b.label: asdict(b) for b in cmp.builds}
     deciding = [c for c in cmp.status_changes if c.decides]
-    return _ENV.from_string(TEMPLATE).render(
+    return render(
+        "compare.html.j2",
         cmp=_view(cmp, builds),
         base=builds["base"],
         pr=builds["pr"],
@@ -480,7 +363,6 @@ def render_html(cmp: BuildComparison) -> str:
         plot_divergence=svg_divergence(cmp.tokens),
         plot_timings=svg_timings(cmp.timings),
         plot_throughput=svg_throughput(cmp.throughput),
-        css=Markup(CSS),
         js=Markup(JS),
         num=num,
         cls=cls,

@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jinja2 import Environment, select_autoescape
-from markupsafe import Markup
-
 from harness.judge import exit_codes
 from harness.judge.evaluation import Evaluation
-from harness.report.style import CSS, REPORT_SCHEMA_VERSION
+from harness.report.render import ENV, render
+from harness.report.style import REPORT_SCHEMA_VERSION
 from harness.report.summary import md_text
 from harness.spec.scenario import CellGroup
 from harness.store import write_atomic
@@ -47,6 +45,7 @@ def matrix_summary(
                 # one build: its verdict; several: the build under review (the last one) decides
                 cell["verdict"] = v.status.value
                 cell["reasons"] = list(v.reasons[:3])
+                cell["headline"] = v.headline
                 grid.setdefault(group.id, {})[v.path] = v.status.value
     # With builds, expectations decide; an engine that could not run (2) still wins.
     exit_code = exit_codes.combined(codes, [code for _, code in comparisons.values()] if comparisons else None)
@@ -77,30 +76,7 @@ def safe_href(href: str) -> str | None:
     return quote(href, safe="/")
 
 
-_ENV = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-_ENV.filters["safe_href"] = safe_href
-TEMPLATE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
-<title>refit-harness: {{ s.scenario }}</title><style>{{ css }}</style></head><body>
-{% macro link(href, text) %}{% set h = href|safe_href %}{% if h %}<a href="{{ h }}">{{ text }}</a>{% else %}{{ text }}{% endif %}{% endmacro %}
-<h1>Scenario <code>{{ s.scenario }}</code></h1>
-<p class="muted">{{ s.cells|length }} cell(s){% if s.builds %} on builds {{ s.builds|join(', ') }}{% endif %};
-exit code {{ s.exit_code }}.</p>
-{% if s.comparisons %}<ul>{% for g, c in s.comparisons.items() %}<li>comparison {{ link(c.link, g) }}:
-<span class="{{ 'met' if c.expectations_met else 'unmet' }}">expectations {{ 'met' if c.expectations_met else 'NOT met' }}
-</span></li>{% endfor %}</ul>{% endif %}
-{% if s.grid %}<h2>Grid</h2><table id="grid" class="grid"><thead><tr><th></th>
-{% for p in paths %}<th><code>{{ p }}</code></th>{% endfor %}</tr></thead><tbody>
-{% for g, row in s.grid.items() %}<tr><th>{{ link(s.groups[g], g) }}</th>
-{% for p in paths %}<td class="v {{ row.get(p, '') }}">{{ row.get(p, '—') }}</td>{% endfor %}</tr>{% endfor %}
-</tbody></table>{% endif %}
-<h2>Cells</h2><table id="cells" class="grid"><thead><tr><th>cell</th>
-{% for b in columns %}<th>{{ b or 'verdict' }}</th>{% endfor %}<th>reasons</th></tr></thead><tbody>
-{% for cell, c in s.cells.items() %}<tr><td><code>{{ cell }}</code></td>
-{% for b in columns %}{% set v = c.builds.get(b) %}<td class="v {{ v or '' }}">{% if v %}{{ link(c.links[b], v) }}
-{% else %}—{% endif %}</td>{% endfor %}
-<td>{% for r in c.reasons %}<div>{{ r }}</div>{% endfor %}</td></tr>{% endfor %}</tbody></table>
-</body></html>
-"""
+ENV.filters["safe_href"] = safe_href
 
 
 def write_matrix(out: Path, summary: dict) -> Path:
@@ -108,7 +84,7 @@ def write_matrix(out: Path, summary: dict) -> Path:
     write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     columns = summary.get("builds") or [""]
     paths = list(dict.fromkeys(p for row in summary.get("grid", {}).values() for p in row))
-    page = _ENV.from_string(TEMPLATE).render(s=summary, columns=columns, paths=paths, css=Markup(CSS))
+    page = render("matrix.html.j2", s=summary, columns=columns, paths=paths)
     write_atomic(out / "index.html", page)
     write_atomic(out / "summary.md", _markdown(summary, columns, paths))
     return out / "index.html"

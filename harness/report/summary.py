@@ -17,7 +17,9 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         c = comparisons.get(v.path)
         entry: dict[str, Any] = {
             "verdict": v.status.value,
+            "headline": v.headline,
             "reasons": list(v.reasons),
+            "notes": list(v.notes),
             "first_divergent_tensor": v.first_divergent_tensor,
             "first_divergent_kernel_input": v.first_divergent_kernel_input,
         }
@@ -183,19 +185,27 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         f"vLLM {md_code(env.get('vllm', '?'))} · torch {md_code(env.get('torch', '?'))} · "
         f"{md_text(env.get('device', '?'))} · {md_text(env['mode'])} · harness {md_code(env['git_sha'])}",
         "",
-        "| path | verdict | positive control | sabotage control | first divergent tensor | reasons |",
-        "|---|---|---|---|---|---|",
+        "| path | verdict | what decided it |",
+        "|---|---|---|",
     ]
+    notes: dict[str, list[str]] = {}  # a reported-only fact -> the paths it holds for
     for name, p in summary["paths"].items():
-        ctl = p.get("positive_control")
-        ctl_text = "—" if ctl is None else ("detected" if ctl["detected"] else "**missed**")
-        so = p.get("sabotage")
-        so_text = "—" if so is None else ("caught" if so["caught"] else "**not caught**")
-        reasons = "<br>".join(md_text(r) for r in p["reasons"][:4]) or "—"
-        lines.append(
-            f"| {md_code(name)} | {icon[p['verdict']]} {p['verdict']} | {ctl_text} | {so_text} | "
-            f"{md_text(p['first_divergent_tensor'] or '—')} | {reasons} |"
-        )
+        decided = md_text(p["headline"])
+        if p["verdict"] == "FAIL":
+            diverged = {k: v for k, v in (p.get("first_token_divergence") or {}).items() if v is not None}
+            if p["first_divergent_tensor"] and p["first_divergent_kernel_input"]:
+                decided += f"<br>first divergent tensor: {md_code(p['first_divergent_tensor'])}"
+            if diverged:
+                decided += "<br>tokens diverge from cold B: " + ", ".join(
+                    f"prompt {k} at token {v}" for k, v in list(diverged.items())[:4]
+                )
+        lines.append(f"| {md_code(name)} | {icon[p['verdict']]} **{p['verdict']}** | {decided} |")
+        for note in p.get("notes", ()):
+            notes.setdefault(note, []).append(name)
+    if notes:
+        lines += ["", "<details><summary>Reported, not deciding</summary>", ""]
+        lines += [f"- {md_text(note)} ({', '.join(md_code(n) for n in names)})" for note, names in notes.items()]
+        lines += ["", "</details>"]
     ck = summary["checkpoints"]
     lines += [
         "",

@@ -95,7 +95,7 @@ def test_unjudgeable_tensors_are_counted_beside_a_pass():
     c = compare_path("p", subj, ref, noise, "q_proj.weight", POLICY.logprob_atol, EXPECTED)
     v = judge(c, POLICY, False)
     assert v.status is VerdictStatus.PASS
-    assert any("1 tensor(s) UNJUDGEABLE" in r and "buf" in r for r in v.reasons)
+    assert any("1 tensor(s) UNJUDGEABLE" in r and "buf" in r for r in v.notes)
 
 
 # ---- prefix-cache hits ---------------------------------------------------------------
@@ -226,4 +226,4 @@ def test_a_compiled_path_in_an_eager_run_fails_a_rebound_on_a_gpu(tmp_path, devi
 def test_an_eager_path_on_a_gpu_reports_a_rebound_without_failing(tmp_path):
     [v] = evaluate(write_run(tmp_path, "NVIDIA H100 80GB HBM3", paths=("reload_weights",))).verdicts
     assert v.status is VerdictStatus.PASS
-    assert any("REBOUND, not failing" in r for r in v.reasons)
+    assert any("REBOUND, not failing" in r for r in v.notes)

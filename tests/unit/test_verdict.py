@@ -69,7 +69,7 @@ def test_noisy_tensor_is_reported_not_judged():
     noisy_ref = obs("cold_B", {**B, "w": "other"})
     v = verdict(subject(warm_b={**B, "w": "third"}, warm_b_again={**B, "w": "third"}), noise_obs=noisy_ref)
     assert v.status is VerdictStatus.PASS
-    assert any("noise floor: 1 tensor" in r for r in v.reasons)
+    assert any("noise floor: 1 tensor" in r for r in v.notes)
 
 
 def test_rebound_policy():
@@ -77,7 +77,7 @@ def test_rebound_policy():
     subj = subject(warm_b=moved, warm_b_again=moved)
     assert verdict(subj, fail_on_rebound=True).status is VerdictStatus.FAIL
     warned = verdict(subj, fail_on_rebound=False)
-    assert warned.status is VerdictStatus.PASS and any("REBOUND, not failing" in r for r in warned.reasons)
+    assert warned.status is VerdictStatus.PASS and any("REBOUND, not failing" in r for r in warned.notes)
     assert rebound_fails(JudgePolicy(rebound="auto"), "compiled", "NVIDIA H100")
     assert not rebound_fails(JudgePolicy(rebound="auto"), "eager", "NVIDIA H100")
     assert not rebound_fails(JudgePolicy(rebound="auto"), "compiled", "cpu (x86_64)")
