@@ -11,7 +11,7 @@ RUN_ARGS ?= -s default
 PYTEST_ARGS ?=
 BENCH ?=
 
-.PHONY: setup run test check lint bench browser clean
+.PHONY: setup run test check lint docs docs-check bench browser clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -41,7 +41,16 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: lint browser
+# The documentation site, strictly: a broken link fails (NO_MKDOCS_2_WARNING: a banner, not a finding).
+docs-check: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# Regenerate the pages made from the code (CLI reference, architecture, README layout), then build.
+docs: setup
+	$(PY) -m harness.cli.reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint docs-check browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The developers' fast loop: lint, contracts and the engine-free tests (no vLLM engine starts).
