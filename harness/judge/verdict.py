@@ -40,6 +40,8 @@ class Verdict:
     """Whether the positive control was seen at its target (None if never run)."""
     sabotage: SabotageOutcome | None = None
     """Whether the path's sabotaged twin was caught (None when no twin ran)."""
+    known: tuple[str, ...] = ()
+    """Titles of the known issues that explain an XFAIL (or that no longer reproduce: XPASS)."""
     notes: tuple[str, ...] = ()
     """Facts reported but not deciding the verdict: REBOUND tensors that fail nothing here,
     the noise floor, UNJUDGEABLE tensors. A reviewer reads them folded away."""
@@ -58,6 +60,9 @@ class Verdict:
             if self.first_divergent_kernel_input:
                 return f"first divergent kernel input: {self.first_divergent_kernel_input}"
             return f"first divergent tensor: {self.first_divergent_tensor}"
+        if self.status in (VerdictStatus.XFAIL, VerdictStatus.XPASS) and self.known:
+            gone = "" if self.status is VerdictStatus.XFAIL else " no longer reproduces"
+            return f"known issue{gone}: " + "; ".join(self.known)
         return self.reasons[0] if self.reasons else self.status.value
 
 
@@ -293,17 +298,22 @@ def _against_known(v: Verdict, knowns: tuple[KnownIssue, ...], explaining: tuple
         gone = f"known issue on {knowns[0].device} did not reproduce, so the expectation is out of date: " + " / ".join(
             k.reason for k in knowns
         )
-        return replace(v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons))
+        return replace(v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons), known=_titles(knowns))
     if explaining and v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
         return replace(
             v,
             status=VerdictStatus.XFAIL,
             reasons=tuple(f"known issue on {k.device}: {k.reason}" for k in explaining) + v.reasons,
+            known=_titles(explaining),
         )
     if v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
         beyond = f"beyond this path's known issue on {knowns[0].device} (" + " / ".join(k.reason for k in knowns) + ")"
         return replace(v, reasons=(*v.reasons, beyond))
     return v
+
+
+def _titles(knowns: tuple[KnownIssue, ...]) -> tuple[str, ...]:
+    return tuple(k.title or k.reason.split(";")[0] for k in knowns)
 
 
 def _tensor_reason(check: str, diffs: list[TensorDiff]) -> str | None:

@@ -81,6 +81,7 @@ class ReloadKernelFormat(ReloadPath):
     known_issues = (
         KnownIssue(
             device="cpu",
+            title="CPU oneDNN kernels keep the old weights after a kernel-format reload (float32)",
             tensor_kinds=("kernel",),
             dtypes=("float32",),
             reason="vLLM's CPU backend packs each linear (and lm_head) weight into a oneDNN handle in a post-load hook, "
