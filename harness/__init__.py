@@ -18,7 +18,8 @@ The code follows the data, one way, across three processes:
 - vLLM's worker processes: ``worker/`` (the worker extension, the tensor census, the
   kernel-input recorder, the planted-bug fixtures, the vLLM plugin, vLLM's private API).
 - Shared by every process (the contract between them): ``spec/`` (what to run), ``plan``,
-  ``records`` and ``store`` (what arms record, versioned), ``errors``, ``settings``,
+  ``records`` and ``store`` (what arms record, versioned), ``errors``, ``settings``, ``cache``
+  (the one way to write into the shared cache),
   ``registry``, ``device``, ``tokenizer``, ``loopback``, ``safetensors_files``, ``ray_local``.
 
 The import contracts in ``pyproject.toml`` (``lint-imports``) hold this layering.

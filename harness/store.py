@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import re
-import tempfile
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
+from harness.cache import write_atomic  # the one atomic file writer; kept importable from here
 from harness.errors import SchemaError
 
 SCHEMA_VERSION = 4
@@ -84,61 +83,6 @@ def from_jsonable(tp: type[T], data: Any) -> T:
     """Validate JSON data as a ``tp`` (dataclasses, tuples, optionals, literals; ``"NaN"`` for
     a float). Raises ``pydantic.ValidationError`` naming every field that is wrong."""
     return _adapter(tp).validate_python(data)  # type: ignore[arg-type]  # a dataclass type is hashable
-
-
-def write_atomic(path: Path, data: str | bytes) -> Path:
-    """Write a file so that a reader (or a crash, or a full disk) sees it whole or not at all.
-
-    The temp name is unique (the arm's watchdog thread and its main thread can both write the
-    same record), the bytes are fsynced before the rename, and the directory after it, so a
-    power cut cannot leave a renamed but empty file. A failed write removes its temp file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _FILE_MODE)  # mkstemp makes 0600; reports are shared like any other file
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _umask_file_mode() -> int:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o644
-
-
-_FILE_MODE = _umask_file_mode()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def dump(obj: Any, path: Path, kind: str) -> Path:

@@ -17,7 +17,6 @@ finished. Stdlib only: this module runs before anything is installed.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.cache import key_lock, write_atomic
 from harness.errors import BuildError
 from harness.settings import BUILD_ENV, DEFAULT_CACHE
 from harness.spec.build import BuildSpec
@@ -86,9 +86,9 @@ def shim_dir(cache: Path = DEFAULT_CACHE) -> Path:
         and (dist / "entry_points.txt").read_text() == entry_points
     ):
         return root
-    dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: refit-harness\nVersion: 0+shim\n")
-    (dist / "entry_points.txt").write_text(entry_points)
+    # Whole or not at all: an arm of a concurrent run may be reading them.
+    write_atomic(dist / "METADATA", "Metadata-Version: 2.1\nName: refit-harness\nVersion: 0+shim\n")
+    write_atomic(dist / "entry_points.txt", entry_points)
     tmp = root / f".harness-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(HARNESS_PACKAGE, target_is_directory=True)
@@ -211,11 +211,12 @@ def create_build(
         raise BuildError("--vllm needs a pip requirement, a wheel or a local vLLM checkout")
     root = build_dir(vllm_spec, cache)
     root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # A venv cannot be staged and renamed (its paths are written into it): it is installed in
+    # place under the key's lock and stamped last, so an unstamped one is a killed attempt.
+    with key_lock(root, lambda message: log(f"build: {message}")):
         if (python := cached_build(vllm_spec, cache)) is not None:
             return python
-        shutil.rmtree(root, ignore_errors=True)  # an unfinished earlier attempt
+        shutil.rmtree(root, ignore_errors=True)  # an unfinished earlier attempt (its writer is gone)
         venv = root / "venv"
         started = time.monotonic()
         base = getattr(sys, "_base_executable", None) or sys.executable
@@ -231,7 +232,8 @@ def create_build(
             check=False,
         )
         facts = describe(BuildSpec("build", str(python)), cache)
-        (root / STAMP).write_text(
+        write_atomic(
+            root / STAMP,
             json.dumps(
                 {
                     "spec": vllm_spec,
@@ -240,7 +242,7 @@ def create_build(
                     "seconds": round(time.monotonic() - started, 1),
                 },
                 indent=2,
-            )
+            ),
         )
         return python
 

@@ -4,10 +4,13 @@ control tensor (for sabotaged refits) and B damaged (for the accuracy probe).
 B and B' are written tensor by tensor into shards laid out exactly like the source's (same
 files, same header, same offsets: a perturbation keeps dtype and shape), so the extra memory
 is about one tensor, never the whole model. Each is cached by a key over the source files and
-the recipe, so repeated runs reuse them."""
+the recipe, so repeated runs reuse them; it is written through ``harness.cache.cached_variant``
+(a private staging directory, renamed whole), so concurrent runs make it once and a killed
+writer leaves nothing that looks complete."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -16,6 +19,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from harness import safetensors_files
+from harness.cache import cached_variant
 from harness.checkpoints.perturb import RECIPE as PERTURB_RECIPE  # torch-free: a cached B is found without torch
 from harness.checkpoints.read import fingerprint, raw_header, read_headers, weight_files
 from harness.errors import CheckpointError
@@ -35,10 +39,14 @@ def write_streamed(source: str | Path, dest: Path, transform: Callable[[str, obj
     reads, not ``safe_open``, whose tensors stay mapped until the file is closed: so the
     peak extra memory is one tensor (plus what the transform allocates), never the model.
     """
+    return cached_variant(dest, lambda staging: _write_streamed(source, staging, transform), _complete)
+
+
+def _write_streamed(source: str | Path, tmp: Path, transform: Callable[[str, object], object]) -> None:
     import torch
 
     files = weight_files(source)
-    tmp = _staging_copy(source, dest)
+    _copy_non_weights(source, tmp)
     layout = {}  # name -> (source file, output file, data start, header entry)
     with ExitStack() as stack:
         for f in files:
@@ -67,25 +75,17 @@ def write_streamed(source: str | Path, dest: Path, transform: Callable[[str, obj
             out.seek(data_start + begin)
             out.write(raw.data)
             del before, after, raw
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)  # atomic: a half-written checkpoint never looks complete
-    return dest
 
 
 def _complete(dest: Path) -> bool:
     return dest.is_dir() and (dest / "config.json").is_file() and any(dest.glob("*.safetensors"))
 
 
-def _staging_copy(source: str | Path, dest: Path) -> Path:
-    """A fresh ``<dest>.tmp`` holding ``source``'s non-weight files (config, tokenizer, index);
-    renamed to ``dest`` once its weights are written, so a half-written one never looks complete."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _copy_non_weights(source: str | Path, staging: Path) -> None:
+    """``source``'s non-weight files (config, tokenizer, index) into the staging directory."""
     for f in Path(source).iterdir():
         if f.is_file() and not f.name.endswith(".safetensors"):
-            shutil.copy2(f, tmp / f.name)
-    return tmp
+            shutil.copy2(f, staging / f.name)
 
 
 def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -> Path:
@@ -93,9 +93,11 @@ def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -
     The other tensors' bytes are copied as they are, in chunks (no torch, no whole tensor)."""
     key = hashlib.sha256(f"{fingerprint(source)}|without|{name}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-without-{key}"
-    if _complete(dest):
-        return dest
-    tmp = _staging_copy(source, dest)
+    return cached_variant(dest, lambda staging: _write_without(source, name, staging), _complete)
+
+
+def _write_without(source: str | Path, name: str, tmp: Path) -> None:
+    _copy_non_weights(source, tmp)
     index = tmp / _INDEX
     if index.is_file():
         content = json.loads(index.read_text())
@@ -122,9 +124,6 @@ def without_tensor(source: str | Path, name: str, cache: Path = DEFAULT_CACHE) -
                         raise CheckpointError(f"{f} ends inside tensor {k}")
                     out.write(chunk)
                     remaining -= len(chunk)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)  # atomic: a half-written checkpoint never looks complete
-    return dest
 
 
 _COPY_CHUNK_BYTES = 64 << 20
@@ -140,14 +139,18 @@ def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE
 
 
 def _write_perturbed(source: str | Path, dest: Path, spec: PerturbSpec) -> Path:
-    import torch
-
     from harness.checkpoints.perturb import PERTURBATIONS
 
     fn = PERTURBATIONS.get(spec.name)
-    gen = torch.Generator().manual_seed(spec.seed)
+
+    @functools.cache
+    def generator():  # made by the writer only: a run that waits for another's B never imports torch
+        import torch
+
+        return torch.Generator().manual_seed(spec.seed)
+
     # In place: write_streamed's tensor is ours, so no second copy of the largest tensor.
-    return write_streamed(source, dest, lambda name, t: fn(name, t, gen, spec.strength, out=t))
+    return write_streamed(source, dest, lambda name, t: fn(name, t, generator(), spec.strength, out=t))
 
 
 def damaged(source: str | Path, strength: float, cache: Path = DEFAULT_CACHE) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
+from harness.cache import cached_variant
 from harness.settings import DEFAULT_CACHE
 
 TINY_QWEN3 = dict(
@@ -35,8 +35,14 @@ def tiny_qwen3(seed: int = 0, architecture: str | None = None, cache: Path = DEF
     arch = architecture or "Qwen3ForCausalLM"
     recipe = json.dumps({"seed": seed, "arch": arch, **TINY_QWEN3}, sort_keys=True)
     dest = cache / "models" / f"tiny-qwen3-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
-    if (dest / "model.safetensors").is_file():
-        return dest
+    return cached_variant(dest, lambda staging: _write_tiny_qwen3(seed, arch, staging), _complete)
+
+
+def _complete(dest: Path) -> bool:
+    return (dest / "model.safetensors").is_file()
+
+
+def _write_tiny_qwen3(seed: int, arch: str, staging: Path) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -50,13 +56,8 @@ def tiny_qwen3(seed: int = 0, architecture: str | None = None, cache: Path = DEF
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen))
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf_model.save_pretrained(str(tmp), safe_serialization=True)
-    cfg = json.loads((tmp / "config.json").read_text())
+    hf_model.save_pretrained(str(staging), safe_serialization=True)
+    cfg = json.loads((staging / "config.json").read_text())
     cfg["architectures"] = [arch]
     cfg["torch_dtype"] = "float32"
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+    (staging / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.cache import cached_variant
 from harness.settings import DEFAULT_CACHE
 
 _COMMON = dict(
@@ -253,8 +253,14 @@ def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
         default=str,
     )
     dest = cache / "models" / f"zoo-{fam.label}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
-    if (dest / "config.json").is_file() and any(dest.glob("*.safetensors")):
-        return dest
+    return cached_variant(dest, lambda staging: _write_tiny_model(fam, seed, staging), _complete)
+
+
+def _complete(dest: Path) -> bool:
+    return (dest / "config.json").is_file() and any(dest.glob("*.safetensors"))
+
+
+def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
     import torch
     import transformers
 
@@ -269,14 +275,9 @@ def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
                 p.copy_(fam.neutral_norm + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias") and p.is_floating_point():
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen))
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf_model.save_pretrained(str(tmp), safe_serialization=True)
-    cfg = json.loads((tmp / "config.json").read_text())
+    hf_model.save_pretrained(str(staging), safe_serialization=True)
+    cfg = json.loads((staging / "config.json").read_text())
     cfg["architectures"] = [fam.architecture]
     cfg["torch_dtype"] = "float32"
     cfg.update(dict(fam.extra))
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+    (staging / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -6,6 +6,7 @@ what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -136,7 +137,11 @@ def prepare(
     resume: bool = False,
     fan: FanoutSpec | None = None,
     reuse_reference: bool = False,
+    claims: contextlib.ExitStack | None = None,
 ) -> tuple[RunRecord, ReferenceInputs | None]:
+    """Check the spec, make the checkpoints, plan the arms and write ``run.json``. With
+    ``claims``, a reference no run has stored yet is claimed on it (``reference.claim``):
+    a concurrent run with the same reference waits for this one, then reuses it."""
     from harness.paths import PATHS
 
     resolved = validate(spec)
@@ -181,7 +186,12 @@ def prepare(
     if reuse_reference and plan.arms:
         inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
         key = reference.reference_key(inputs)
-        if reference.cached(key, DEFAULT_CACHE):
+        found = (
+            reference.cached(key, DEFAULT_CACHE)
+            if claims is None
+            else reference.claim(key, DEFAULT_CACHE, progress, claims)
+        )
+        if found:
             plan = replace(plan, reused=reference.CACHED_ROLES)
     started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record = RunRecord(
@@ -299,14 +309,31 @@ def execute(
     """Run every arm not already finished in ``out``; ``fan`` None runs them one by one here.
     ``events`` hears each arm start and finish (the CLI's live display on a terminal).
     With ``reuse_reference``, cold-B arms come from the reference cache when their key is
-    there, and fresh ones are stored in it."""
+    there, and fresh ones are stored in it; a concurrent run computing the same reference is
+    waited for, then reused."""
     import uuid
 
-    from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
-    from harness.settings import RUN_MARKER, arm_files
+    from harness.settings import RUN_MARKER
 
     os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
-    record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference)
+    with contextlib.ExitStack() as claims:  # a reference this run computes, until it is stored
+        record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference, claims)
+        _run_arms(record, inputs, out, progress, fan, resume, events)
+    return evaluate(out)
+
+
+def _run_arms(
+    record: RunRecord,
+    inputs: ReferenceInputs | None,
+    out: Path,
+    progress: Progress,
+    fan: FanoutSpec | None,
+    resume: bool,
+    events: ArmEvents | None,
+) -> None:
+    from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
+    from harness.settings import arm_files
+
     arms = record.plan.arms
     env = dict(record.arm_env)
     keys = {arm.name: arm_key(arm, record.git_sha) for arm in arms}
@@ -384,7 +411,6 @@ def execute(
         if all(_finished(f, key) == "ok" for f, key in fresh.values()):
             reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)
             progress(f"stored reference {record.reference_key} for reuse")
-    return evaluate(out)
 
 
 def _finished(result_file: Path, key: str) -> str | None:

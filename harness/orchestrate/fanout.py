@@ -189,29 +189,26 @@ def stage_on_this_node(cs, staged: dict):
     """Write the staged checkpoints under this node's stage directory (once per content)
     and return the checkpoint set pointing there."""
     import os
-    import shutil
     import tempfile
     from dataclasses import replace
 
     import ray
 
+    from harness.cache import cached_variant
+
     root = Path(os.environ.get(STAGE_DIR_ENV) or Path(tempfile.gettempdir()) / "refit-harness-stage")
     moved = {}
     for field, (fingerprint, files) in staged.items():
-        dest = root / fingerprint
-        if not dest.is_dir():
-            tmp = root / f"{fingerprint}.tmp{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        def make(staging: Path, files=files) -> None:
             for name, chunks in files.items():
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp / name, "wb") as fh:
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                with open(staging / name, "wb") as fh:
                     for ref in chunks:
                         fh.write(ray.get(ref))
-            try:
-                os.replace(tmp, dest)
-            except OSError:  # another arm on this node staged it meanwhile
-                shutil.rmtree(tmp, ignore_errors=True)
-        moved[field] = str(dest)
+
+        # Once per content on a node: arms of concurrent runs wait for one writer, then reuse it.
+        moved[field] = str(cached_variant(root / fingerprint, make))
     return replace(cs, **moved)
 
 

@@ -13,6 +13,7 @@ installed files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -21,12 +22,14 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
 from harness import store
+from harness.cache import cached_variant, key_lock
 from harness.plan import ArmPlan
 from harness.records import ArmResult
 from harness.settings import EXTRA_MODELS_ENV, REUSE_ENV
@@ -52,6 +55,8 @@ _ENV_PREFIXES = (
 # Harness files whose code decides what a cold-B arm observes (paths relative to harness/).
 _OBSERVATION_CODE = (
     "worker/census.py",
+    "worker/digest.py",
+    "worker/device_digest.py",
     "worker/recorder.py",
     "worker/fixtures/*.py",
     "worker/extension.py",
@@ -207,19 +212,42 @@ def cached(key: str, cache: Path) -> dict[str, ArmResult] | None:
 
 
 def save(key: str, inputs: ReferenceInputs, results: dict[str, Path], cache: Path) -> Path:
-    """Store the result files of a fresh reference and noise arm under ``key``, atomically."""
+    """Store the result files of a fresh reference and noise arm under ``key``, once: a run
+    that finds the key stored (by a concurrent run) keeps that entry, which is as right."""
     dest = cache_dir(key, cache)
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for role, path in results.items():
-        shutil.copy2(path, tmp / f"{role}.result.json")
-    (tmp / "inputs.json").write_text(json.dumps(store.to_jsonable(inputs), indent=1))
-    try:
-        os.replace(tmp, dest)  # a concurrent run may have stored the same key: either copy is right
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    def make(staging: Path) -> None:
+        for role, path in results.items():
+            shutil.copy2(path, staging / f"{role}.result.json")
+        (staging / "inputs.json").write_text(json.dumps(store.to_jsonable(inputs), indent=1))
+
+    return cached_variant(dest, make, lambda d: cached(key, d.parent.parent) is not None)
+
+
+def claim(
+    key: str, cache: Path, progress: Callable[[str], None], held: contextlib.ExitStack
+) -> dict[str, ArmResult] | None:
+    """The stored results of ``key``, waiting first for a concurrent run that is computing
+    them; or, when nobody has, None, with ``key`` claimed on ``held`` until it closes (after
+    this run has stored its own), so that a concurrent run waits for this one instead of
+    computing the same reference again. A run that fails to compute it releases the claim
+    when it closes, and the next one computes it itself."""
+    found = cached(key, cache)
+    if found is not None:
+        return found
+    lock = contextlib.ExitStack()
+    # Not the entry's own lock, which save() takes while this claim is held.
+    lock.enter_context(
+        key_lock(
+            cache_dir(key, cache).with_name(f"{key}.claim"), lambda message: progress(f"reference {key}: {message}")
+        )
+    )
+    found = cached(key, cache)
+    if found is not None:  # stored by the run we waited for
+        lock.close()
+        return found
+    held.push(lock)
+    return None
 
 
 def reuse_by_default() -> bool:
