@@ -9,7 +9,7 @@ from harness.records import ArmRole, ObservationLabel, ProbeLabel
 from harness.spec.build import BuildSpec
 from harness.spec.checkpoint_set import CheckpointSet
 from harness.spec.requirements import EngineRequirements, RefitTarget
-from harness.spec.run import AccuracyPrompts, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
+from harness.spec.run import AccuracyPrompts, DigestChoice, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 SABOTAGE = "~sabotage"
@@ -110,6 +110,8 @@ class ArmPlan:
     """Settings of the arm's ``measure`` steps, if any."""
     accuracy: AccuracyPrompts | None = None
     """Prompts of the arm's ``accuracy`` steps, if any."""
+    digest: DigestChoice = "auto"
+    """How the arm digests tensors; the algorithm it resolved to is in its result's environment."""
 
     @property
     def cold_label(self) -> ObservationLabel:
@@ -195,6 +197,7 @@ def make_plan(
             build=spec.build,
             throughput=spec.throughput,
             accuracy=accuracy,
+            digest=spec.digest,
         )
 
     runnable = [p for p in spec.paths if p not in unavailable]

@@ -35,8 +35,9 @@ class TensorRecord:
     address: int
     """``data_ptr()`` at observation time; a change across a refit means the tensor was rebound."""
     digest: str
-    """blake3-128 (``harness.worker.census.DIGEST_ALGORITHM``) of the exact bytes in row-major order
-    (layout-independent); compared only with digests of the same harness version."""
+    """Exact digest of the bytes in row-major order (layout-independent), with the arm's
+    algorithm (``ArmResult.environment['digest']``, see ``harness.worker.digest``); compared only
+    with digests of the same algorithm (``harness.judge.diff.one_digest``)."""
     nan_count: int
     """Number of NaN elements (0 for non-float dtypes)."""
     absmax: float
@@ -100,7 +101,7 @@ class ConsumedTensor:
     address: int
     """``data_ptr()`` when read."""
     digest: str
-    """blake3-128 of the bytes read, as ``TensorRecord.digest``."""
+    """Exact digest of the bytes read, as ``TensorRecord.digest``."""
     nan_count: int = 0
     """NaN elements read (a NaN counts as a difference, as for census tensors)."""
     rank: int = 0

@@ -40,7 +40,9 @@ from harness.spec.run import PromptSpec
 def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observation:
     per_rank = [
         store.from_jsonable(RankCensus, r)
-        for r in engine.rpc("refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor]})
+        for r in engine.rpc(
+            "refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor], "digest": arm.digest}
+        )
     ]
     first = per_rank[0]
     model = ModelInfo(
@@ -52,7 +54,7 @@ def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observ
     unobserved = [u for r in per_rank for u in r.unobserved]
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
     try:
-        consumed, unreadable = record_consumed(engine, arm.prompts)
+        consumed, unreadable = record_consumed(engine, arm.prompts, arm.digest)
         unobserved += [UnobservedRecord("<kernel-input>", "forward", why) for why in unreadable]
     except Exception as exc:
         consumed = ()
@@ -80,10 +82,12 @@ def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutp
     return tuple(replace(o, text=tokenizer.decode(list(o.token_ids))) for o in outputs) if tokenizer else outputs
 
 
-def record_consumed(engine: EngineBase, prompts: PromptSpec) -> tuple[tuple[ConsumedTensor, ...], list[str]]:
+def record_consumed(
+    engine: EngineBase, prompts: PromptSpec, digest: str = "auto"
+) -> tuple[tuple[ConsumedTensor, ...], list[str]]:
     """One prefill of the first prompt with the dispatch recorder on, in every worker; also
     the op inputs the recorder could not digest, with the reason."""
-    engine.rpc("refit_harness_recorder_start")
+    engine.rpc("refit_harness_recorder_start", {"digest": digest})
     try:
         engine.generate(PromptSpec(token_ids=prompts.token_ids[:1], max_tokens=1, logprobs=1))
     finally:
@@ -132,11 +136,13 @@ def measure_accuracy(engine: EngineBase, arm: ArmPlan, label: ProbeLabel) -> Com
     )
 
 
-def environment() -> tuple[tuple[str, str], ...]:
+def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
+    """Facts of this arm's machine and software; ``digest``: the arm's ``DigestChoice``,
+    recorded as the algorithm it means here (the workers resolve it the same way)."""
     import torch
     import vllm
 
-    from harness.worker.census import DIGEST_ALGORITHM
+    from harness.worker.digest import resolve
 
     device = (
         torch.cuda.get_device_name(0)
@@ -148,7 +154,7 @@ def environment() -> tuple[tuple[str, str], ...]:
         ("torch", torch.__version__),
         ("device", device),
         ("python", platform.python_version()),
-        ("digest", DIGEST_ALGORITHM),
+        ("digest", resolve(digest)),
         ("python_executable", sys.executable),
         ("vllm_path", str(Path(vllm.__file__).parent)),
         ("torch_git_sha", str(getattr(torch.version, "git_version", "") or "")),
@@ -206,7 +212,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     engine = None
     watchdog = threading.Event()
     try:
-        env = environment()
+        env = environment(arm.digest)
         paths = {name: PATHS.get(name)(arm.checkpoints, arm.prompts) for name in arm.paths}
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)

@@ -16,7 +16,7 @@ from typing import Literal
 
 from harness.errors import CompareError
 from harness.judge import exit_codes
-from harness.judge.diff import TensorStatus, compare_outputs, compare_tensors
+from harness.judge.diff import TensorStatus, compare_outputs, compare_tensors, one_digest
 from harness.judge.evaluation import Evaluation
 from harness.judge.verdict import FAILING_STATUSES, VerdictStatus
 from harness.records import ArmResult, Observation
@@ -341,6 +341,7 @@ def compare_builds(
     expectations: tuple[Expectation, ...] = (),
     command: str = "",
 ) -> BuildComparison:
+    one_digest([*base.arms, *pr.arms, *(base2.arms if base2 else ())], "base, pr" + (" and base2" if base2 else ""))
     notes: list[str] = []
     if base.record.checkpoints.b != pr.record.checkpoints.b:
         notes.append(

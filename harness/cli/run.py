@@ -9,11 +9,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import get_args
 
 from harness.cli.common import exit_for, interrupted, positive_float, positive_int, progress, set_out
 from harness.errors import BuildError, UsageError
 from harness.orchestrate.execute import ArmEvents, Progress
-from harness.spec.run import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec, ThroughputSpec
+from harness.spec.run import (
+    ControlSpec,
+    DigestChoice,
+    EngineSpec,
+    JudgePolicy,
+    PerturbSpec,
+    RunSpec,
+    ThroughputSpec,
+)
 from harness.spec.scenario import ScenarioSpec
 
 
@@ -146,6 +155,14 @@ def add_parsers(sub) -> None:
         "refit, and on a damaged copy of B (does the eval discriminate at all?)",
     )
     run.add_argument(
+        "--digest",
+        choices=get_args(DigestChoice),
+        default=None,
+        help="how arms digest tensors: xxh3 (xxh3-128, at memory speed), blake3 (blake3-128), device "
+        "(an exact reduction on the tensor's own device, no host copy) or auto (default: device in "
+        "an arm with CUDA, xxh3 otherwise)",
+    )
+    run.add_argument(
         "--noise-build",
         metavar="NAME",
         help="with several builds: run this one twice, the second time as NAME2, the run-to-run floor "
@@ -256,6 +273,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         sabotage=args.sabotage,
         throughput=throughput_of(args.throughput),
         accuracy=accuracy_of(args.accuracy),
+        digest=args.digest or RunSpec.digest,
     )
 
 
@@ -308,6 +326,8 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["control"] = ControlSpec(tensor=args.control_tensor)
     if args.engine_core_process:
         changes["engine_core_process"] = True
+    if args.digest:
+        changes["digest"] = args.digest
     return replace(scenario, **changes)
 
 

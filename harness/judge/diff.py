@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, Protocol
 
+from harness.errors import CompareError
 from harness.records import ArmResult, ConsumedTensor, Observation, ObservationLabel, TensorRecord
 
 Check = Literal["refit", "idempotency", "round_trip", "noise"]
@@ -553,3 +555,21 @@ def cache_hits(observation: Observation | None) -> int | None:
     counts = [o.cached_tokens for o in observation.outputs] if observation else []
     known = [c for c in counts if c is not None]
     return sum(known) if counts and len(known) == len(counts) else None
+
+
+def one_digest(arms: Iterable[ArmResult], what: str) -> str | None:
+    """The digest algorithm the arms recorded (None: none recorded one). Digests of different
+    algorithms never match, so comparing them would call every tensor CORRUPT: refused, exit 2,
+    with the records left as they are."""
+    used: dict[str, str] = {}  # algorithm -> the first arm that used it
+    for arm in arms:
+        algorithm = dict(arm.environment).get("digest")
+        if algorithm:  # an arm that failed before recording its environment digested nothing
+            used.setdefault(algorithm, arm.arm)
+    if len(used) > 1:
+        raise CompareError(
+            f"{what}: the arms digested tensors with different algorithms ("
+            + ", ".join(f"{arm}: {algorithm}" for algorithm, arm in used.items())
+            + "), and digests of different algorithms cannot be compared; run them again with one --digest"
+        )
+    return next(iter(used), None)

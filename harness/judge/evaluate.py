@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness import store
 from harness.errors import SchemaError
-from harness.judge.diff import compare_path
+from harness.judge.diff import compare_path, one_digest
 from harness.judge.evaluation import Evaluation, RunRecord
 from harness.judge.verdict import Verdict, VerdictStatus, judge, judge_sabotage, rebound_fails, skipped, with_sabotage
 from harness.plan import ArmPlan, Observe, mode_reference_name, sabotaged_twin
@@ -37,6 +37,7 @@ def evaluate(out: Path) -> Evaluation:
                     observations=(),
                     seconds=0.0,
                 )
+    one_digest(results.values(), str(out))
     reference, noise = results.get("reference"), results.get("noise")
     comparisons, verdicts = [], []
     skipped_paths = {s.path: s.reason for s in record.plan.skipped}

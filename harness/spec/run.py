@@ -9,6 +9,13 @@ from harness.settings import DEFAULT_ARM_TIMEOUT_S
 from harness.spec.build import BuildSpec
 
 Mode = Literal["eager", "compiled"]
+DigestChoice = Literal["auto", "xxh3", "blake3", "device"]
+"""How arms digest tensors (``--digest``). ``xxh3``: xxh3-128 over 4 MiB leaves, at memory
+speed; ``blake3``: blake3-128 (the digest before issue 24); ``device``: an exact reduction over
+the raw bytes on the tensor's own device, no host copy (``harness.worker.device_digest``);
+``auto``: ``device`` in an arm with CUDA, ``xxh3`` otherwise. One arm digests every tensor
+with one algorithm, recorded in its environment; digests of different algorithms are never
+compared (``harness.judge.diff.one_digest``)."""
 
 
 @dataclass(frozen=True)
@@ -167,3 +174,5 @@ class RunSpec:
     accuracy: AccuracySpec | None = None
     """Exact-match accuracy on cold B, after each subject's first refit to B, and on a damaged
     copy of B (the eval's discriminating power); None: off."""
+    digest: DigestChoice = "auto"
+    """How every arm digests tensors (``DigestChoice``); part of the reference-cache key."""

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field, replace
 
 from harness.device import Device
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
-from harness.spec.run import ControlSpec, EngineSpec, JudgePolicy, Mode, PerturbSpec, PromptSpec, RunSpec
+from harness.spec.run import (
+    ControlSpec,
+    DigestChoice,
+    EngineSpec,
+    JudgePolicy,
+    Mode,
+    PerturbSpec,
+    PromptSpec,
+    RunSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,8 @@ class ScenarioSpec:
     """The positive control of every cell (its tensor chosen per model unless named)."""
     engine_core_process: bool = False
     """Run vLLM's engine core in a process of its own in every arm (``EngineSpec``)."""
+    digest: DigestChoice = "auto"
+    """How every cell's arms digest tensors (``harness.spec.run.DigestChoice``)."""
     device: Device = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
@@ -124,6 +135,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                             judge=s.judge,
                             arm_timeout_s=s.arm_timeout_s,
                             sabotage=s.sabotage,
+                            digest=s.digest,
                         )
                         groups.append(CellGroup(id=gid, model=m, spec=spec))
     return tuple(groups)

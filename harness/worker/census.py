@@ -13,11 +13,11 @@ import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import blake3
 import torch
 from torch import nn
 
 from harness.records import TensorRecord, UnobservedRecord
+from harness.worker import digest as digests
 
 # Attribute names never walked: torch's own bookkeeping, and per-step state.
 _SKIP_ATTRS = frozenset(
@@ -48,68 +48,45 @@ class CensusEntry:
     tensor: torch.Tensor
 
 
-DIGEST_ALGORITHM = "blake3-128"
-"""Name of the digest every record carries (see ``TensorRecord.digest``). Digests are
-compared only with digests from the same harness version."""
-_DIGEST_CHUNK_BYTES = 64 << 20  # bounds the copy of a non-contiguous or device tensor
-_DIGEST_THREADED_BYTES = 1 << 20  # below this, blake3's thread pool costs more than it saves
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    """blake3-128 of the tensor's bytes in row-major order; dtype and shape are recorded beside it.
-
-    A contiguous CPU tensor is hashed in place through a zero-copy view of its memory;
-    a non-contiguous or device tensor is copied to host one chunk of rows at a time, so
-    the hash never holds a second copy of a large tensor. The bytes hashed are the same
-    either way, so the digest does not depend on the layout.
-    """
-    if t.device.type == "meta":
-        return "meta"
-    data = t.detach()
-    nbytes = data.numel() * data.element_size()
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if nbytes >= _DIGEST_THREADED_BYTES else 1)
-    for chunk in _host_chunks(data, nbytes):
-        hasher.update(chunk)
-    return hasher.hexdigest(length=16)
-
-
-def _host_chunks(data: torch.Tensor, nbytes: int) -> Iterator[memoryview]:
-    """The tensor's bytes in row-major order, as host buffers of at most a chunk (one row
-    of dim 0 may be larger), without copying a contiguous CPU tensor."""
-    if data.numel() == 0:
-        return
-    if data.device.type == "cpu" and data.is_contiguous():
-        yield _bytes_view(data)
-        return
-    if data.dim() == 0 or nbytes <= _DIGEST_CHUNK_BYTES:
-        yield _bytes_view(data.contiguous().cpu())
-        return
-    rows = max(1, data.shape[0] * _DIGEST_CHUNK_BYTES // nbytes)
-    for start in range(0, data.shape[0], rows):
-        yield _bytes_view(data[start : start + rows].contiguous().cpu())
-
-
-def _bytes_view(data: torch.Tensor) -> memoryview:
-    # Through uint8, because numpy has no bfloat16/float8. A C-contiguous n-d buffer hashes
-    # as its flat bytes; only a 0-d tensor needs a dimension to be viewed as bytes.
-    return memoryview((data if data.dim() else data.reshape(1)).view(torch.uint8).numpy())
+def tensor_digest(t: torch.Tensor, algorithm: str = digests.XXH3) -> str:
+    """The exact digest of ``t``'s bytes in row-major order (``harness.worker.digest``); dtype
+    and shape are recorded beside it."""
+    return digests.digest(t, algorithm)
 
 
 def nan_count(t: torch.Tensor) -> int:
     """NaN elements of a tensor (0 for integer and bool dtypes)."""
     if t.device.type == "meta" or t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
         return 0
-    return int(torch.isnan(t.detach()).sum())
+    data = t.detach()
+    if data.is_floating_point():
+        try:
+            if not torch.isnan(data.max()):  # one read, no copy: a NaN anywhere makes the max NaN
+                return 0
+        except (RuntimeError, NotImplementedError):  # a dtype without a max kernel here
+            pass
+    return int(torch.isnan(data).sum())
 
 
 def tensor_stats(t: torch.Tensor) -> tuple[int, float]:
-    """(nan_count, absmax) of a tensor, cheap enough for every census entry."""
+    """(nan_count, absmax) of a tensor, cheap enough for every census entry: one read of a
+    tensor without NaN (its min and max), where the exact count below reads it four times
+    and copies it twice (measured: 60 ms against 1.25 s for 128 MiB of float32). The
+    absmax is the largest |finite value| as float32, an infinity counting as float32's largest."""
     if t.device.type == "meta" or t.numel() == 0:
         return 0, 0.0
-    if t.is_floating_point() or t.is_complex():
-        finite = torch.nan_to_num(t.detach().abs().float(), nan=0.0)
-        return nan_count(t), float(finite.max())
-    return 0, float(t.detach().abs().max()) if t.dtype != torch.bool else 0.0
+    data = t.detach()
+    if data.is_floating_point():
+        try:
+            lo, hi = torch.aminmax(data)
+            if not (torch.isnan(lo) or torch.isnan(hi)):
+                return 0, float(torch.nan_to_num(torch.maximum(lo.abs(), hi.abs()).float()))
+        except (RuntimeError, NotImplementedError):  # a dtype without an aminmax kernel here
+            pass
+    if data.is_floating_point() or data.is_complex():
+        finite = torch.nan_to_num(data.abs().float(), nan=0.0)
+        return nan_count(data), float(finite.max())
+    return 0, float(data.abs().max()) if data.dtype != torch.bool else 0.0
 
 
 def walk_model(model: nn.Module, excluded_storages: frozenset[int] = frozenset()) -> list[CensusEntry]:
@@ -256,7 +233,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()[:300]
 
 
-def observe_entry(entry: CensusEntry, rank: int = 0) -> TensorRecord | UnobservedRecord:
+def observe_entry(entry: CensusEntry, rank: int = 0, algorithm: str = digests.XXH3) -> TensorRecord | UnobservedRecord:
     """The record of one census entry on worker ``rank``, or why it cannot be digested."""
     t = entry.tensor
     try:
@@ -268,7 +245,7 @@ def observe_entry(entry: CensusEntry, rank: int = 0) -> TensorRecord | Unobserve
             shape=tuple(t.shape),
             device=str(t.device),
             address=int(t.data_ptr()) if t.device.type != "meta" else 0,
-            digest=tensor_digest(t),
+            digest=tensor_digest(t, algorithm),
             nan_count=nan_count,
             absmax=absmax,
             rank=rank,

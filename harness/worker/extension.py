@@ -10,6 +10,7 @@ from typing import Any
 from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
 from harness.worker.census import observe_entry, probe_linear_kernels, walk_model
+from harness.worker.digest import resolve as resolve_digest
 from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
 
@@ -65,10 +66,12 @@ class RefitObserver:
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=False)
 
-    def refit_harness_census(self, checkpoint_names: list[str] | None = None) -> dict[str, Any]:
+    def refit_harness_census(self, checkpoint_names: list[str] | None = None, digest: str = "auto") -> dict[str, Any]:
         """This rank's ``RankCensus``, as JSON (what every transport carries, ``vllm serve``'s
         included); ``checkpoint_names`` are also mapped to the model's own names with vLLM's
-        ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``)."""
+        ``hf_to_vllm_mapper`` (NemotronH loads ``backbone.*`` as ``model.*``). Every tensor is
+        digested with ``digest`` (a ``DigestChoice``, resolved here as in the arm)."""
+        algorithm = resolve_digest(digest)
         model = self.get_model()
         rank = int(getattr(self, "rank", 0))
         self._refit_harness_watch_hooks(model)
@@ -81,7 +84,7 @@ class RefitObserver:
             unobserved.append(UnobservedRecord("<module-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
         entries += probe_linear_kernels(model, unobserved)
         for entry in entries:
-            seen = observe_entry(entry, rank)
+            seen = observe_entry(entry, rank, algorithm)
             (unobserved if isinstance(seen, UnobservedRecord) else records).append(seen)
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         census = RankCensus(
@@ -100,10 +103,11 @@ class RefitObserver:
 
     # ---- kernel-input recorder -------------------------------------------------------
 
-    def refit_harness_recorder_start(self) -> None:
-        """Record the persistent inputs of every op until ``refit_harness_recorder_stop``."""
+    def refit_harness_recorder_start(self, digest: str = "auto") -> None:
+        """Record the persistent inputs of every op until ``refit_harness_recorder_stop``,
+        digested with ``digest`` (as the census)."""
         model = self.get_model()
-        recorder = ConsumptionRecorder(model, self._refit_harness_kv_storages())
+        recorder = ConsumptionRecorder(model, self._refit_harness_kv_storages(), resolve_digest(digest))
         recorder.__enter__()  # stays active on this thread across the next engine step
         self._refit_harness_recorder = recorder
 

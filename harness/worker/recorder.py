@@ -21,13 +21,15 @@ from torch.utils._pytree import tree_flatten
 
 from harness.records import ConsumedTensor
 from harness.worker.census import nan_count, tensor_digest
+from harness.worker.digest import XXH3
 
 
 class ConsumptionRecorder(TorchDispatchMode):
     """Records persistent op inputs while any module of ``model`` is running forward."""
 
-    def __init__(self, model: nn.Module, excluded_storages: frozenset[int]) -> None:
+    def __init__(self, model: nn.Module, excluded_storages: frozenset[int], algorithm: str = XXH3) -> None:
         super().__init__()
+        self.algorithm = algorithm  # the arm's digest (harness.worker.digest), as for its census
         self.excluded = set(excluded_storages)
         self.records: list[tuple[int, ConsumedTensor]] = []  # (storage pointer, record)
         self.unreadable: list[str] = []  # op inputs that could not be digested, with the reason
@@ -91,7 +93,7 @@ class ConsumptionRecorder(TorchDispatchMode):
             return
         key = (id(leaf), _version(leaf))
         if key not in self._digests:
-            self._digests[key] = (tensor_digest(leaf), nan_count(leaf))
+            self._digests[key] = (tensor_digest(leaf, self.algorithm), nan_count(leaf))
         digest, nans = self._digests[key]
         # Named later, once the whole census is known (see name_consumed).
         self.records.append(

@@ -85,6 +85,8 @@ def test_changing_checkpoint_b_content_changes_the_key(base, change):
         {"prompts": PromptSpec(max_tokens=11)},
         {"prompts": PromptSpec(token_ids=((1, 2, 3),))},
         {"prompts": PromptSpec(logprobs=4)},
+        {"digest": "blake3"},  # a reference digested another way can never serve this run
+        {"digest": "xxh3"},  # auto resolves per arm: "auto" and "xxh3" are kept apart
     ],
     ids=lambda c: repr(c)[:60],
 )

@@ -58,6 +58,7 @@ def test_a_path_the_scenario_does_not_run_is_refused_by_name():
         (("--target", "/b"), lambda s: s.target == "/b"),
         (("--control-tensor", "x.weight"), lambda s: s.control.tensor == "x.weight"),
         (("--engine-core-process",), lambda s: s.engine.engine_core_process),
+        (("--digest", "blake3"), lambda s: s.digest == "blake3"),
     ],
 )
 def test_each_run_flag_reaches_every_cell(flags, check):
