@@ -318,7 +318,7 @@ def execute(
     os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
     with contextlib.ExitStack() as claims:  # a reference this run computes, until it is stored
         record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference, claims)
-        _run_arms(record, inputs, out, progress, fan, resume, events)
+        _run_arms(record, inputs, out, progress, fan, resume, claims, events)
     return evaluate(out)
 
 
@@ -329,6 +329,7 @@ def _run_arms(
     progress: Progress,
     fan: FanoutSpec | None,
     resume: bool,
+    claims: contextlib.ExitStack,
     events: ArmEvents | None,
 ) -> None:
     from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
@@ -367,6 +368,20 @@ def _run_arms(
             + f" (log: {arm_files(out, arm)[2]})"
         )
 
+    stored: list[bool] = []
+
+    def store_reference() -> None:
+        """Store a fresh reference and noise once both are ok, and release this run's claim on
+        their key then, not at the end of the run: a run waiting for them starts at once."""
+        if stored or inputs is None or not record.reference_key or record.plan.reused:
+            return
+        fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
+        if all(_finished(f, key) == "ok" for f, key in fresh.values()):
+            reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)
+            progress(f"stored reference {record.reference_key} for reuse")
+            stored.append(True)
+            claims.close()
+
     def finished(arm: ArmPlan, result: ArmResult) -> None:
         if events is not None:
             events.finished(arm, result)
@@ -374,7 +389,9 @@ def _run_arms(
             f"[{number[arm.name]}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
             + (f" - {result.error}" if result.error else "")
         )
+        store_reference()
 
+    store_reference()  # a resumed run may have both already
     try:
         if fan is None or (len(todo) == 1 and not fan.address):
             # One arm needs no scheduling: starting a local Ray for it would only add seconds.
@@ -406,11 +423,6 @@ def _run_arms(
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
         # Their full weight copies too: a killed arm's own cleanup may never run.
         shutil.rmtree(out / "scratch", ignore_errors=True)
-    if inputs is not None and record.reference_key and not record.plan.reused:
-        fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
-        if all(_finished(f, key) == "ok" for f, key in fresh.values()):
-            reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)
-            progress(f"stored reference {record.reference_key} for reuse")
 
 
 def _finished(result_file: Path, key: str) -> str | None:

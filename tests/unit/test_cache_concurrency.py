@@ -9,6 +9,7 @@ writer is killed. No engines.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -205,3 +206,45 @@ def test_records_written_by_many_processes_at_once_are_whole(tmp_path):
     text = target.read_text()
     assert len(text) == 100000 and len(set(text)) == 1  # one writer's whole content, never a mix
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_a_run_stores_its_reference_and_lets_waiting_runs_go_before_its_subjects(tmp_path, monkeypatch):
+    """With arms stubbed (records written as a real arm leaves them): by the time the first
+    subject arm starts, the reference is stored and the claim on its key released."""
+    import fcntl
+
+    import harness.orchestrate.execute as execute_module
+    import harness.orchestrate.runner as runner
+    from harness import store
+    from harness.checkpoints.tiny import tiny_qwen3
+    from harness.settings import arm_files
+    from harness.spec.run import RunSpec
+    from tests.records import segment
+
+    root = tmp_path / "cache"
+    monkeypatch.setattr(execute_module, "DEFAULT_CACHE", root)  # never the session's real references
+    seen = {}
+
+    def stub(arm, out, env, key=""):
+        if arm.role == "subject":
+            key_of = json.loads((out / "run.json").read_text())["data"]["reference_key"]
+            seen["stored"] = reference.cached(key_of, root) is not None
+            with open(cache.lock_path(reference.cache_dir(key_of, root).with_name(f"{key_of}.claim")), "a") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if this run still held it
+                seen["released"] = True
+            result = arm_of(arm.name, "subject", obs(arm.cold_label.stage, B), *segment(arm.paths[0]), arm.paths)
+        else:
+            result = arm_of(arm.name, arm.role, obs("cold_B", B))
+        result = dataclasses.replace(result, key=key)
+        store.dump(result, arm_files(out, arm)[1], "arm_result")
+        return result
+
+    monkeypatch.setattr(runner, "run_arm", stub)
+    spec = RunSpec(model=str(tiny_qwen3()), paths=("reload_weights",))
+    execute_module.execute(spec, tmp_path / "run", lambda message: None, fan=None, reuse_reference=True)
+    assert seen == {"stored": True, "released": True}
+
+
+def arm_of(name, role, *observations_and_paths):
+    *observations, paths = observations_and_paths if role == "subject" else (*observations_and_paths, ())
+    return arm(name, role, *observations, paths=paths)
