@@ -9,6 +9,8 @@ which this walk also visits.
 from __future__ import annotations
 
 import functools
+import math
+import struct
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,15 +80,27 @@ def tensor_stats(t: torch.Tensor) -> tuple[int, float]:
     data = t.detach()
     if data.is_floating_point():
         try:
-            lo, hi = torch.aminmax(data)
-            if not (torch.isnan(lo) or torch.isnan(hi)):
-                return 0, float(torch.nan_to_num(torch.maximum(lo.abs(), hi.abs()).float()))
+            lo, hi = (x.item() for x in torch.aminmax(data))
         except (RuntimeError, NotImplementedError):  # a dtype without an aminmax kernel here
-            pass
+            lo = hi = math.nan
+        if lo == lo and hi == hi:  # no NaN anywhere: NaN propagates through min and max
+            return 0, _float32(max(-lo, hi))
     if data.is_floating_point() or data.is_complex():
         finite = torch.nan_to_num(data.abs().float(), nan=0.0)
         return nan_count(data), float(finite.max())
     return 0, float(data.abs().max()) if data.dtype != torch.bool else 0.0
+
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to float32, an infinity (or a value beyond float32) as float32's largest."""
+    try:
+        y = struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return _FLOAT32_MAX
+    return _FLOAT32_MAX if math.isinf(y) else y
 
 
 def walk_model(model: nn.Module, excluded_storages: frozenset[int] = frozenset()) -> list[CensusEntry]:
