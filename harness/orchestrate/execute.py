@@ -273,7 +273,11 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
     out = {}
     for p, need in needs.items():
         prefix = need.requirements.enable_prefix_caching
-        engine = {"enable_prefix_caching": spec.engine.enable_prefix_caching if prefix is None else prefix}
+        # The engine as the arm will build it: the run's engine arguments, then the path's needs.
+        engine = {
+            **spec.engine.vllm_kwargs(),
+            "enable_prefix_caching": spec.engine.setting("enable_prefix_caching") if prefix is None else prefix,
+        }
         known = next((k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine)), None)
         if known:
             out[p] = f"known issue, not started: {known.reason}"
