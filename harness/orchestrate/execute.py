@@ -187,7 +187,14 @@ def prepare(
             + f"): {type(exc).__name__}: {exc}"
         ) from exc
     classes = {p: PATHS.get(p) for p in spec.paths}
-    unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
+    from harness.device import unmet
+
+    unavailable: dict[str, str] = {}
+    if why := unmet(spec.requires_device):  # the engine configuration cannot run on this machine
+        unavailable = {p: f"{spec.requires_reason or 'this engine configuration'} ({why})" for p in spec.paths}
+    for p, cls in classes.items():
+        if r := cls.unavailable_reason():
+            unavailable.setdefault(p, r)
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
     for p, reason in not_started(spec, cs, needs).items():
         unavailable.setdefault(p, reason)

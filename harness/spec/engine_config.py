@@ -75,6 +75,14 @@ class EngineConfig:
     models: tuple[str, ...] = ()
     """Labels of the scenario's models it applies to (e.g. a KV-cache configuration for the
     models whose checkpoints carry KV scales); empty: every model."""
+    expect_census: tuple[str, ...] = ()
+    """Regular expressions of census names its cells must observe (``RunSpec.expected_census``):
+    the derived state this configuration's kernels read, e.g. the HPC QK-norm weights."""
+    devices: tuple[str, ...] = ()
+    """Where it can run at all, as ``cpu``, ``cuda`` or ``sm90``-style compute capabilities
+    (empty: anywhere); elsewhere its cells are SKIPPED with ``skip_reason``."""
+    skip_reason: str = ""
+    """Why it cannot run elsewhere (shown as the SKIPPED reason)."""
 
     def applies_to(self, model_label: str) -> bool:
         return not self.models or model_label in self.models

@@ -192,3 +192,13 @@ class RunSpec:
     copy of B (the eval's discriminating power); None: off."""
     digest: DigestChoice = "auto"
     """How every arm digests tensors (``DigestChoice``); part of the reference-cache key."""
+    requires_device: tuple[str, ...] = ()
+    """Devices the engine configuration runs on at all, any of them: ``cpu``, ``cuda`` or a
+    compute capability such as ``sm90`` (``harness.device.device_tags``); elsewhere every path is
+    SKIPPED with ``requires_reason``. Empty: anywhere."""
+    requires_reason: str = ""
+    """Why the configuration needs that device (shown in the SKIPPED reason)."""
+    expected_census: tuple[str, ...] = ()
+    """Regular expressions (searched) of census names the cold-B reference must observe: the
+    state the engine configuration's kernels read (a scenario's ``EngineConfig.expect_census``).
+    One never observed makes a PASS INCONCLUSIVE, naming it."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from harness.device import Device
 from harness.errors import UsageError
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
-from harness.spec.engine_config import EngineConfig
+from harness.spec.engine_config import EngineArgs, EngineConfig, merge
 from harness.spec.run import (
     ControlSpec,
     DigestChoice,
@@ -42,6 +42,9 @@ class ModelRef:
     builder: str | None = None
     """Build a model instead of reading ``path``: ``tiny-qwen3`` (the embedded one) or
     ``zoo:<family>`` (a tiny stock architecture, ``harness.checkpoints.zoo``)."""
+    engine_args: EngineArgs = ()
+    """vLLM engine arguments this model always runs with (a zoo family's fp8 KV cache, an online
+    quantization); an engine configuration's arguments go on top of them."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 tensor_parallel_size=tp,
                                 dtype=dtype,
                                 engine_core_process=s.engine_core_process,
-                                engine_args=config.args,
+                                engine_args=merge(m.engine_args, config.args),
                             ),
                             control=s.control,
                             prompts=s.prompts,
@@ -149,6 +152,9 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                             arm_timeout_s=s.arm_timeout_s,
                             sabotage=s.sabotage,
                             digest=s.digest,
+                            expected_census=config.expect_census,
+                            requires_device=config.devices,
+                            requires_reason=config.skip_reason,
                         )
                         groups.append(CellGroup(id=gid, model=m, spec=spec))
     return tuple(groups)
