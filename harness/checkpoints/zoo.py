@@ -298,14 +298,10 @@ KV_FIXTURE_FAMILIES: tuple[Family, ...] = tuple(
             "StaleKVScaleFloatQwen3ForCausalLM",
             "planted bug: the KV-scale Python floats the attention reads are taken once, at cold start",
         ),
-        (
-            "qwen3-fp8kv-fresh-float",
-            "FreshKVScaleFloatQwen3ForCausalLM",
-            "its fixed twin: the same model, the floats taken again on every load (as vLLM does)",
-        ),
     )
 )
-"""The planted KV-scale-float fixture and its twin (``harness.worker.fixtures.models``)."""
+"""The planted KV-scale-float fixture (``harness.worker.fixtures.models``); its fixed twin is
+``qwen3-fp8kv`` itself (vLLM takes the floats again on every load)."""
 
 HUNYUAN_V3 = Family(
     "hunyuan-v3",

@@ -14,7 +14,6 @@ FIXTURE_ARCHITECTURES = {
     "DerivedGainQwen3ForCausalLM": "harness.worker.fixtures.models:DerivedGainQwen3ForCausalLM",
     "FaultyReloadQwen3ForCausalLM": "harness.worker.fixtures.models:FaultyReloadQwen3ForCausalLM",
     "StaleKVScaleFloatQwen3ForCausalLM": "harness.worker.fixtures.models:StaleKVScaleFloatQwen3ForCausalLM",
-    "FreshKVScaleFloatQwen3ForCausalLM": "harness.worker.fixtures.models:FreshKVScaleFloatQwen3ForCausalLM",
 }
 
 

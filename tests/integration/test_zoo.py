@@ -15,10 +15,12 @@ import sys
 
 import pytest
 
-from harness.checkpoints.zoo import FAMILIES
+from harness.checkpoints.zoo import FAMILIES, TIED_FAMILIES
 
 pytestmark = [pytest.mark.cpu]
-TESTED = tuple(f.label for f in FAMILIES if f.label != "qwen3")
+# The tied-embedding variant of every dense family too (no lm_head.weight on disk): one cell each.
+# (The fp8-KV family's cell is tests/integration/test_kv_scales.py's fixed twin.)
+TESTED = tuple(f.label for f in FAMILIES if f.label != "qwen3") + tuple(f.label for f in TIED_FAMILIES)
 # The known CPU fused-MoE reload bug (harness/known_issues.py): every MoE family of the zoo.
 MOE_CORRUPTED = ("qwen3-moe", "mixtral", "deepseek-v2", "granitemoe-hybrid")
 
