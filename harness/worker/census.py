@@ -8,6 +8,7 @@ which this walk also visits.
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import struct
@@ -234,7 +235,7 @@ def walk_numbers(model: nn.Module) -> list[NumberEntry]:
                 entries.append(NumberEntry(f"{prefix}{attr}", kind, value))
             elif (
                 depth == 0
-                and not isinstance(value, (nn.Module, torch.Tensor))
+                and not isinstance(value, (nn.Module, torch.Tensor, enum.Enum))  # an enum's _sort_order_ is no state
                 and _is_walkable_object(value)
                 and id(value) not in seen
             ):

@@ -192,6 +192,10 @@ def test_cheap_tensor_stats_equal_their_definition(case):
 # --- numbers derived from tensors: the census records them, the judge judges them ------------
 
 
+class _Kind(__import__("enum").Enum):
+    DECODER = "decoder"
+
+
 class AttentionLike(nn.Module):
     """vLLM's attention layer keeps Python floats taken from its KV-scale tensors at load."""
 
@@ -206,6 +210,7 @@ class AttentionLike(nn.Module):
         self.sizes = [1.5, 2.5]  # numbers in a container: configuration, not recorded
         self.impl = KernelObject(torch.ones(1))
         self.impl.softmax_scale = 0.125  # on an object the layer holds: recorded
+        self.attn_type = _Kind.DECODER  # an enum member's own ints (_sort_order_) are no state
 
 
 def test_the_census_records_numeric_attributes_of_modules_and_their_objects():
