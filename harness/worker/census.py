@@ -299,6 +299,11 @@ def probe_linear_kernels(model: nn.Module, unobserved: list[UnobservedRecord] | 
         for mod_name, module in model.named_modules():
             method = getattr(module, "quant_method", None)
             in_features = getattr(module, "input_size_per_partition", None)
+            if in_features is None and callable(getattr(module, "tie_weights", None)):
+                # vLLM's ParallelLMHead: its quant method computes the logits, on CPU through a
+                # kernel copy (a packed weight or a oneDNN handle) built from the weight at load,
+                # which for a tied head is the embedding's parameter.
+                in_features = getattr(module, "embedding_dim", None)
             if method is None or not hasattr(method, "apply") or not isinstance(in_features, int):
                 continue
             name = f"{mod_name}.<kernel-output>"

@@ -18,9 +18,10 @@ import pytest
 from harness.checkpoints.zoo import FAMILIES, TIED_FAMILIES
 
 pytestmark = [pytest.mark.cpu]
-# The tied-embedding variant of every dense family too (no lm_head.weight on disk): one cell each.
-# (The fp8-KV family's cell is tests/integration/test_kv_scales.py's fixed twin.)
-TESTED = tuple(f.label for f in FAMILIES if f.label != "qwen3") + tuple(f.label for f in TIED_FAMILIES)
+TESTED = tuple(f.label for f in FAMILIES if f.label != "qwen3")
+# The tied-embedding variant of every dense family (no lm_head.weight on disk), one cell each, in a
+# run of their own. (The fp8-KV family's cell is tests/integration/test_kv_scales.py's fixed twin.)
+TIED = tuple(f.label for f in TIED_FAMILIES)
 # The known CPU fused-MoE reload bug (harness/known_issues.py): every MoE family of the zoo.
 MOE_CORRUPTED = ("qwen3-moe", "mixtral", "deepseek-v2", "granitemoe-hybrid")
 
@@ -170,3 +171,30 @@ def test_a_kernel_format_sabotage_leaves_the_control_out_under_the_models_own_na
     path = cell(zoo, "nemotron-h")["paths"]["reload_kernel_format"]
     assert grid(zoo)[group("nemotron-h")]["reload_kernel_format"] == "PASS", path["reasons"]
     assert path["sabotage"]["caught"] and path["sabotage"]["planted"] == "model.layers.0.norm.weight", path["sabotage"]
+
+
+@pytest.fixture(scope="module")
+def tied(run_oracle):
+    return run_oracle("zoo-tied", "-s", "zoo", *(a for label in TIED for a in ("--only", f"reload_weights[{label}-*")))
+
+
+def test_every_tied_family_is_judged_and_a_failure_is_localized_at_the_head(tied):
+    """vLLM ties ``lm_head`` to the embedding's parameter and the checkpoint has no head of its
+    own: B moves the embedding, and the census sees the head under both names. A verdict must
+    come from evidence (PASS or FAIL, never a harness ERROR or INCONCLUSIVE), and a FAIL must
+    name the head (its packed CPU kernel copy, built from the embedding at cold start) first."""
+    assert set(grid(tied)) == {group(label) for label in TIED}, tied.output
+    for label in TIED:
+        p = cell(tied, label)["paths"]["reload_weights"]
+        assert p["verdict"] in ("PASS", "FAIL"), (label, p["reasons"])
+        rows = [
+            r
+            for r in csv.DictReader((tied.out / group(label) / "tensors.csv").open())
+            if r["path"] == "reload_weights" and r["check"] == "refit"
+        ]
+        head = {r["tensor"]: r["status"] for r in rows if r["tensor"].startswith("lm_head.")}
+        embed = {r["tensor"]: r["status"] for r in rows if r["tensor"].endswith("embed_tokens.weight")}
+        assert "lm_head.weight" in head and embed, (label, sorted(head), sorted(embed))
+        assert head["lm_head.weight"] == next(iter(embed.values())) != "UNJUDGEABLE", (label, head, embed)
+        if p["verdict"] == "FAIL":
+            assert p["first_divergent_tensor"].startswith("lm_head."), (label, p["first_divergent_tensor"])

@@ -260,3 +260,32 @@ def test_a_number_record_round_trips_through_the_store(tmp_path):
     store.dump(record, tmp_path / "n.json", "tensor")
     back = store.load(TensorRecord, tmp_path / "n.json", "tensor")
     assert back == record and isinstance(back.value, int)
+
+
+class HeadMethod:
+    def apply(self, layer, x, bias=None):
+        return x @ layer.packed.t()  # a kernel copy of the weight, as vLLM's CPU head keeps one
+
+
+class TiedHead(nn.Module):
+    """vLLM's ParallelLMHead: no ``input_size_per_partition``, but ``embedding_dim`` and ``tie_weights``."""
+
+    def __init__(self, embedding: nn.Parameter):
+        super().__init__()
+        self.weight = embedding
+        self.embedding_dim = embedding.shape[1]
+        self.params_dtype = torch.float32
+        self.quant_method = HeadMethod()
+        self.packed = embedding.detach().clone()
+
+    def tie_weights(self, embed):
+        return self
+
+
+def test_a_tied_heads_kernel_copy_is_probed():
+    embed = nn.Parameter(torch.randn(6, 4))
+    model = nn.Sequential(TiedHead(embed))
+    (probe,) = probe_linear_kernels(model)
+    assert probe.name == "0.<kernel-output>" and probe.tensor.shape == (3, 6)
+    model[0].packed.mul_(2.0)  # a stale or fresh copy: the probe's output follows the kernel's copy
+    assert tensor_digest(probe_linear_kernels(model)[0].tensor) != tensor_digest(probe.tensor)
