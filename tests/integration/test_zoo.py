@@ -178,23 +178,28 @@ def tied(run_oracle):
     return run_oracle("zoo-tied", "-s", "zoo", *(a for label in TIED for a in ("--only", f"reload_weights[{label}-*")))
 
 
-def test_every_tied_family_is_judged_and_a_failure_is_localized_at_the_head(tied):
+def test_every_tied_family_is_judged_and_its_heads_kernel_copy_with_it(tied):
     """vLLM ties ``lm_head`` to the embedding's parameter and the checkpoint has no head of its
-    own: B moves the embedding, and the census sees the head under both names. A verdict must
-    come from evidence (PASS or FAIL, never a harness ERROR or INCONCLUSIVE), and a FAIL must
-    name the head (its packed CPU kernel copy, built from the embedding at cold start) first."""
+    own: B moves the embedding, and the census sees the head under both names. Its CPU kernel
+    copy (the packed weight or oneDNN handle its logits come from, built from the embedding at
+    load) is probed as ``lm_head.<kernel-output>`` and judged like any tensor: a stale copy is a
+    FAIL naming it (measured on vLLM 0.32 CPU, bf16, AMX: STALE after reload_weights; the
+    known issue in harness/spec/known_issues.py). Every verdict comes from evidence: never a
+    harness ERROR or INCONCLUSIVE."""
     assert set(grid(tied)) == {group(label) for label in TIED}, tied.output
     for label in TIED:
         p = cell(tied, label)["paths"]["reload_weights"]
-        assert p["verdict"] in ("PASS", "FAIL"), (label, p["reasons"])
-        rows = [
-            r
+        assert p["verdict"] in ("PASS", "FAIL", "XFAIL"), (label, p["reasons"])
+        rows = {
+            r["tensor"]: r["status"]
             for r in csv.DictReader((tied.out / group(label) / "tensors.csv").open())
             if r["path"] == "reload_weights" and r["check"] == "refit"
-        ]
-        head = {r["tensor"]: r["status"] for r in rows if r["tensor"].startswith("lm_head.")}
-        embed = {r["tensor"]: r["status"] for r in rows if r["tensor"].endswith("embed_tokens.weight")}
-        assert "lm_head.weight" in head and embed, (label, sorted(head), sorted(embed))
-        assert head["lm_head.weight"] == next(iter(embed.values())) != "UNJUDGEABLE", (label, head, embed)
-        if p["verdict"] == "FAIL":
-            assert p["first_divergent_tensor"].startswith("lm_head."), (label, p["first_divergent_tensor"])
+        }
+        embed = next(v for t, v in rows.items() if t.endswith("embed_tokens.weight"))
+        assert rows.get("lm_head.weight", embed) == embed != "UNJUDGEABLE", (label, rows.get("lm_head.weight"))
+        head = rows.get("lm_head.<kernel-output>")
+        if head is not None:  # a head of its own (Gemma computes its logits with the embedding itself)
+            assert head in ("OK", "STALE", "CORRUPT"), (label, head)
+            assert head == "OK" or p["verdict"] in ("FAIL", "XFAIL"), (label, head, p["verdict"])
+        if p["verdict"] == "PASS":
+            assert all(v in ("OK", "UNJUDGEABLE", "REBOUND", "NOISY") for v in rows.values()), label
