@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel"]
+TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel", "number"]
 ArmRole = Literal["reference", "noise", "mode_reference", "subject", "damaged"]
 ArmStatus = Literal["ok", "error"]
 
@@ -25,7 +25,9 @@ class TensorRecord:
     """How it was reached: registered parameter/buffer, plain attribute, an attribute
     of a non-module object (quant method, kernel object), a closure/partial, or
     ``kernel``: the output of a linear kernel on a fixed probe input (for weights held
-    in opaque kernel handles); its address is meaningless."""
+    in opaque kernel handles); its address is meaningless. ``number``: a Python float or int
+    attribute (``_k_scale_float``, taken from a tensor at load), judged like a tensor: its
+    digest is of its exact value, its dtype ``float`` or ``int``, its shape ``()``."""
     dtype: str
     """torch dtype name, e.g. ``float32``."""
     shape: tuple[int, ...]
@@ -44,6 +46,8 @@ class TensorRecord:
     """Largest absolute value (0.0 for empty tensors); a readable hint, not used for judging."""
     rank: int = 0
     """Worker rank that holds it (see ``Observation.shown_name``)."""
+    value: float | int | None = None
+    """The number itself, for a ``number`` (shown beside a STALE or CORRUPT one); None for tensors."""
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,11 @@ WORKER_EXTENSION = "harness.worker.extension.RefitObserver"
 
 
 def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``LLM(...)`` keyword arguments for an arm (also mapped to ``vllm serve`` flags);
-    ``overrides`` replace some of them (a restarted engine's model and load format)."""
+    """``LLM(...)`` keyword arguments for an arm (also mapped to ``vllm serve`` flags), in three
+    layers: the harness's settings, then the run's engine arguments (``EngineSpec.engine_args``,
+    checked before the run against the build's ``EngineArgs``), then what the reload path needs
+    (its load format, prefix caching, sleep mode) and ``overrides`` (a restarted engine's model
+    and load format), which win."""
     e, r = arm.engine, arm.requirements
     mode = r.mode or e.mode
     args: dict[str, Any] = dict(
@@ -47,13 +50,39 @@ def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[s
         max_num_seqs=e.max_num_seqs,
         seed=e.seed,
         tensor_parallel_size=e.tensor_parallel_size,
-        enable_prefix_caching=e.enable_prefix_caching if r.enable_prefix_caching is None else r.enable_prefix_caching,
+        enable_prefix_caching=e.enable_prefix_caching,
         worker_extension_cls=WORKER_EXTENSION,
-        load_format=r.load_format,
     )
+    given = e.vllm_kwargs()
+    if "gpu_memory_utilization" in given and "kv_cache_memory_bytes" not in given:
+        del args["kv_cache_memory_bytes"]  # vLLM sizes the KV cache by bytes first: the user's fraction must count
+    args.update(given)
+    args["load_format"] = r.load_format
+    if r.enable_prefix_caching is not None:
+        args["enable_prefix_caching"] = r.enable_prefix_caching
     if r.enable_sleep_mode:
         args["enable_sleep_mode"] = True
     return {**args, **(overrides or {})}
+
+
+def serve_flags(args: dict[str, Any]) -> list[str]:
+    """``vllm serve`` flags for ``LLM(...)`` keyword arguments, written as vLLM's own
+    ``--config`` loader writes them: ``--flag``/``--no-flag`` for booleans, JSON for maps,
+    one item after another for lists; a None (vLLM's default) is left out."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)] if value else []
+        else:
+            flags += [flag, str(value)]
+    return flags
 
 
 def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None) -> dict[str, Any]:
@@ -251,13 +280,7 @@ class HTTPEngine(EngineBase):
     ) -> None:
         startup_timeout_s = arm.timeout_s if startup_timeout_s is None else startup_timeout_s  # the arm's budget
         args = engine_args(arm, overrides)
-        cmd = serve_command(args.pop("model"))
-        for key, value in args.items():
-            flag = "--" + key.replace("_", "-")
-            if isinstance(value, bool):
-                cmd.append(flag if value else "--no-" + key.replace("_", "-"))
-            else:
-                cmd += [flag, str(value)]
+        cmd = serve_command(args.pop("model")) + serve_flags(args)
         if arm.requirements.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")  # as users serve

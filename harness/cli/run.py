@@ -70,6 +70,22 @@ def add_parsers(sub) -> None:
         help="run vLLM's engine core in its own process, as vLLM does by default (slower to "
         "start; default: inside the arm)",
     )
+    run.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a vLLM engine argument for every arm (reference, noise, subjects, vllm serve), e.g. "
+        "kv_cache_dtype=fp8 or hf_overrides='{\"rope_theta\": 1e6}' (the value is JSON, else a string); "
+        "repeatable, and on top of --engine-config; checked against the build's EngineArgs before any "
+        "engine starts. With -s: added to every engine configuration of the scenario",
+    )
+    run.add_argument(
+        "--engine-config",
+        metavar="FILE.yaml",
+        help="vLLM engine arguments from a YAML file, with the keys of 'vllm serve --config' (flat or "
+        "nested, dashes or underscores); --engine-arg flags win over it",
+    )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(
         "--arm-timeout",
@@ -265,6 +281,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             tensor_parallel_size=args.tp or 1,
             dtype=args.dtype or "float32",
             engine_core_process=args.engine_core_process,
+            engine_args=engine_args_of(args),
         ),
         perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
         control=ControlSpec(tensor=args.control_tensor),
@@ -275,6 +292,14 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         accuracy=accuracy_of(args.accuracy),
         digest=args.digest or RunSpec.digest,
     )
+
+
+def engine_args_of(args: argparse.Namespace):
+    """``--engine-config`` and ``--engine-arg`` as encoded engine arguments (not yet checked
+    against a build: ``harness.orchestrate.execute.validate`` does that before any engine starts)."""
+    from harness.spec.engine_config import from_command_line
+
+    return from_command_line(args.engine_config, args.engine_arg)
 
 
 def paths_of(text: str) -> tuple[str, ...]:
@@ -328,6 +353,11 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["engine_core_process"] = True
     if args.digest:
         changes["digest"] = args.digest
+    given = engine_args_of(args)
+    if given:
+        from harness.spec.engine_config import merge
+
+        changes["engine_configs"] = tuple(replace(c, args=merge(c.args, given)) for c in scenario.engine_configs)
     return replace(scenario, **changes)
 
 
@@ -380,13 +410,15 @@ def builds_of(args: argparse.Namespace):
 def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
     """One run per build in OUT/NAME (the noise build twice), then the comparison in OUT."""
     from harness.judge import exit_codes
-    from harness.orchestrate.execute import execute
+    from harness.orchestrate.execute import execute, validate_engine_args
     from harness.orchestrate.matrix import build_sequence, compare_runs, relabel
     from harness.report import write_reports
 
     out = set_out(Path(args.out or args.resume or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}"))
     sequence, labels, base2 = build_sequence(build_specs, args.noise_build)
     base_spec = spec_from_args(args)
+    for build in build_specs:  # every build's vLLM takes the engine arguments, before the first engine starts
+        validate_engine_args(replace(base_spec, build=build))
     codes = []
     for name, build in sequence:
         progress(f"build {name}: {build.python or sys.executable}")
@@ -435,6 +467,11 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
             f"cannot resume {out} as scenario {scenario.name!r}: it holds a single run; "
             f"resume it without -s (refit-harness run --resume {out})"
         )
+    from harness.orchestrate.execute import validate_engine_args
+
+    for group in groups:  # every configuration on every build, before the first engine starts
+        for build in build_specs or (None,):
+            validate_engine_args(replace(group.spec, build=build))
     throughput, accuracy = throughput_of(args.throughput), accuracy_of(args.accuracy)
     with watching() as (say, events):
         summary, index = run_matrix(

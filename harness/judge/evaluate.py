@@ -10,7 +10,16 @@ from harness import store
 from harness.errors import SchemaError
 from harness.judge.diff import compare_path, one_digest
 from harness.judge.evaluation import Evaluation, RunRecord
-from harness.judge.verdict import Verdict, VerdictStatus, judge, judge_sabotage, rebound_fails, skipped, with_sabotage
+from harness.judge.verdict import (
+    Verdict,
+    VerdictStatus,
+    judge,
+    judge_sabotage,
+    rebound_fails,
+    skipped,
+    with_expected_census,
+    with_sabotage,
+)
 from harness.plan import ArmPlan, Observe, mode_reference_name, sabotaged_twin
 from harness.records import ArmResult
 from harness.settings import arm_files
@@ -112,6 +121,9 @@ def evaluate(out: Path) -> Evaluation:
                 _packed_mapping(subject),
             )
             verdict = with_sabotage(verdict, outcome)
+        if record.spec.expected_census:
+            census = {t.name for o in (reference.observations[:1] if reference else ()) for t in o.tensors}
+            verdict = with_expected_census(verdict, record.spec.expected_census, census)
         verdicts.append(verdict)
     return Evaluation(
         record=record, arms=tuple(results.values()), comparisons=tuple(comparisons), verdicts=tuple(verdicts)

@@ -376,3 +376,19 @@ def _control_reasons(c: PathComparison) -> list[str]:
             f"{ctl.max_logprob_shift:.3g} after scaling {ctl.checkpoint_tensor}"
         )
     return reasons
+
+
+def with_expected_census(verdict: Verdict, patterns: tuple[str, ...], census_names: set[str]) -> Verdict:
+    """A configuration names the state its kernels read (``RunSpec.expected_census``: regular
+    expressions, searched): one the census of cold B never observed makes a PASS INCONCLUSIVE,
+    since a refit that missed it could not have been seen (and is named beside any other verdict)."""
+    missing = [p for p in patterns if not any(re.search(p, name) for name in census_names)]
+    if not missing or verdict.status in (VerdictStatus.SKIPPED, VerdictStatus.ERROR):
+        return verdict
+    reason = (
+        f"expected in the census but never observed: {', '.join(missing)} (the state this configuration's "
+        "kernels read was not reached, so a refit that missed it could not be seen)"
+    )
+    if verdict.status is VerdictStatus.PASS:
+        return replace(verdict, status=VerdictStatus.INCONCLUSIVE, reasons=(reason, *verdict.reasons))
+    return replace(verdict, reasons=(*verdict.reasons, reason))

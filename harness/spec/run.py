@@ -7,6 +7,7 @@ from typing import Literal
 
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
 from harness.spec.build import BuildSpec
+from harness.spec.engine_config import EngineArgs, decode
 
 Mode = Literal["eager", "compiled"]
 DigestChoice = Literal["auto", "xxh3", "blake3", "device"]
@@ -44,6 +45,21 @@ class EngineSpec:
     the same worker code either way; in-process saves a second vLLM import and start per arm
     (measured here: 45 s vs 18 s for a tiny model's cold start). ``vllm serve`` arms always
     keep vLLM's own process layout."""
+    engine_args: EngineArgs = ()
+    """Further vLLM engine arguments every arm is built with (``--engine-arg``, ``--engine-config``,
+    a scenario's engine configuration), as sorted ``(EngineArgs field, JSON value)`` pairs.
+    They override the harness's defaults above (``max_num_seqs``, ``enable_prefix_caching``...);
+    a reload path's own needs (its load format, prefix caching, sleep mode) still win. Checked
+    against the build's ``EngineArgs`` before any engine starts (``harness.spec.engine_config``)."""
+
+    def vllm_kwargs(self) -> dict:
+        """The engine arguments as ``LLM(...)`` keyword arguments."""
+        return decode(self.engine_args)
+
+    def setting(self, name: str):
+        """The value an arm runs with for one of the harness's own settings above, after the
+        engine arguments (``max_model_len`` given as ``--engine-arg`` wins over the default)."""
+        return self.vllm_kwargs().get(name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -176,3 +192,13 @@ class RunSpec:
     copy of B (the eval's discriminating power); None: off."""
     digest: DigestChoice = "auto"
     """How every arm digests tensors (``DigestChoice``); part of the reference-cache key."""
+    requires_device: tuple[str, ...] = ()
+    """Devices the engine configuration runs on at all, any of them: ``cpu``, ``cuda`` or a
+    compute capability such as ``sm90`` (``harness.device.device_tags``); elsewhere every path is
+    SKIPPED with ``requires_reason``. Empty: anywhere."""
+    requires_reason: str = ""
+    """Why the configuration needs that device (shown in the SKIPPED reason)."""
+    expected_census: tuple[str, ...] = ()
+    """Regular expressions (searched) of census names the cold-B reference must observe: the
+    state the engine configuration's kernels read (a scenario's ``EngineConfig.expect_census``).
+    One never observed makes a PASS INCONCLUSIVE, naming it."""

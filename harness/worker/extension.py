@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
-from harness.worker.census import observe_entry, probe_linear_kernels, walk_model
+from harness.worker.census import observe_entry, observe_number, probe_linear_kernels, walk_model, walk_numbers
 from harness.worker.digest import resolve as resolve_digest
 from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
@@ -86,6 +86,10 @@ class RefitObserver:
         for entry in entries:
             seen = observe_entry(entry, rank, algorithm)
             (unobserved if isinstance(seen, UnobservedRecord) else records).append(seen)
+        try:
+            records += [observe_number(n, rank) for n in walk_numbers(model)]
+        except Exception as exc:
+            unobserved.append(UnobservedRecord("<number-walk>", "number", f"{type(exc).__name__}: {exc}"[:300]))
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         census = RankCensus(
             rank=rank,
