@@ -167,3 +167,8 @@ class RunSpec:
     accuracy: AccuracySpec | None = None
     """Exact-match accuracy on cold B, after each subject's first refit to B, and on a damaged
     copy of B (the eval's discriminating power); None: off."""
+    lora: str | None = None
+    """PEFT adapter directory A served by LoRA paths' engines; None: the harness writes a
+    deterministic adapter for the model (only when a LoRA path runs)."""
+    lora_target: str | None = None
+    """PEFT adapter directory B of the ``lora_inplace`` refit; None: A perturbed in every tensor."""
