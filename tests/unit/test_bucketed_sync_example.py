@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "bucketed_sync" / "src"))
-from refit_bucketed_sync import _receive, pack  # noqa: E402
+from refit_bucketed_sync import _receive, pack
 
 
 class _Worker:
