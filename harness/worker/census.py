@@ -34,6 +34,7 @@ _SKIP_ATTRS = frozenset(
         # A LoRA layer's punica wrapper holds the last batch's token-to-adapter indices: per-step
         # scheduling state rebuilt before every forward, like the KV cache, not weights.
         "punica_wrapper",
+        "punica_wrapper_mapping",
     }
 )
 # Object types whose attributes are configuration, never kernel state.

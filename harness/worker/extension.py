@@ -201,6 +201,12 @@ class RefitObserver:
             for t in kv if isinstance(kv, (list, tuple)) else [kv]:
                 if t is not None and t.numel() > 0:
                     ptrs.add(t.untyped_storage().data_ptr())
+        # A LoRA engine's per-step adapter indices: batch state too (which adapter each token used).
+        from harness.worker.vllm_private import lora_step_tensors
+
+        for t in lora_step_tensors(self.get_model()):
+            if t.numel() > 0:
+                ptrs.add(t.untyped_storage().data_ptr())
         return frozenset(ptrs)
 
 
