@@ -258,7 +258,12 @@ def make_plan(
                 requirements=own,
             ),
             arm_plan(
-                name=lora_noise_name(role), role="lora_noise", paths=(), start="B", steps=(Observe(cold),), requirements=own
+                name=lora_noise_name(role),
+                role="lora_noise",
+                paths=(),
+                start="B",
+                steps=(Observe(cold),),
+                requirements=own,
             ),
         ]
     for requirements, members in groups.items():

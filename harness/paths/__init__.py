@@ -19,7 +19,15 @@ from harness.registry import Registry
 if TYPE_CHECKING:
     from harness.paths.base import ReloadPath
 
-BUILTIN_MODULES = ("reload_weights", "weight_transfer", "http_reload", "sharded_state", "engine_states")
+BUILTIN_MODULES = (
+    "reload_weights",
+    "weight_transfer",
+    "http_reload",
+    "sharded_state",
+    "engine_states",
+    "raw_load_weights",
+    "lora",
+)
 """The modules of ``harness.paths`` that define built-in paths, in the order ``--paths all`` lists them."""
 ENTRY_POINT_GROUP = "refit_harness.paths"
 """The entry-point group an installed package registers its reload paths in."""
@@ -102,7 +110,7 @@ class PathRegistry(Registry["type[ReloadPath]"]):
                 self.third_party[ep.name] = dist
             except PathRefused as exc:
                 self.refused[ep.name] = str(exc)
-            except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the harness
+            except Exception as exc:
                 first = (str(exc).strip().splitlines() or [""])[0]
                 self.refused[ep.name] = (
                     f"reload path {ep.name!r} ({ep.value}, from {dist}) is refused: importing it failed: "

@@ -7,12 +7,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+from harness.paths import reload_path
 from harness.paths.base import Engine, ReloadPath, scratch_root
 from harness.paths.reload_weights import ReloadWeightsFromDirectory
 from harness.spec.known_issues import KnownIssue
 from harness.spec.requirements import EngineRequirements, RefitTarget
 
 
+@reload_path
 class LoRAInPlace(ReloadPath):
     name = "lora_inplace"
     exercises = (
@@ -34,6 +36,7 @@ class LoRAInPlace(ReloadPath):
         engine.serve_adapter(self.checkpoints.directory(target), load_inplace=False)
 
 
+@reload_path
 class LoRAInPlacePrefixCache(LoRAInPlace):
     name = "lora_inplace_prefix_cache"
     exercises = (
@@ -55,9 +58,11 @@ VLLM_42125 = KnownIssue(
     ),
     title="In-place LoRA reload at the same path serves stale prefix-cache blocks (vllm #42125)",
     tokens_only=True,
+    engine_settings=(("enable_prefix_caching", True),),
 )
 
 
+@reload_path
 class LoRAInPlaceSamePath(LoRAInPlace):
     name = "lora_inplace_same_path"
     exercises = (
@@ -94,6 +99,7 @@ class LoRAInPlaceSamePath(LoRAInPlace):
             shutil.rmtree(self._served, ignore_errors=True)
 
 
+@reload_path
 class LoRABaseReload(ReloadWeightsFromDirectory):
     name = "lora_base_reload"
     exercises = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from harness.paths import reload_path
 from harness.paths.base import Engine, ReloadPath
 from harness.spec.known_issues import Refusal
 from harness.spec.requirements import EngineRequirements, RefitTarget
@@ -17,6 +18,7 @@ CPU_EMPTIED_WEIGHTS = Refusal(
 )
 
 
+@reload_path
 class RawLoadWeights(ReloadPath):
     name = "raw_load_weights"
     exercises = (
