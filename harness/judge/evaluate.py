@@ -53,8 +53,8 @@ def evaluate(out: Path) -> Evaluation:
             continue
         # A LoRA subject has cold LoRA engines of its own kind for reference and noise.
         own_ref, own_noise, own_ref_arm = reference, noise, ref_arm
-        if arm.requirements.lora:
-            role = arm.requirements.lora
+        if arm_or_none.requirements.lora:
+            role = arm_or_none.requirements.lora
             own_ref, own_noise = results.get(lora_reference_name(role)), results.get(lora_noise_name(role))
             own_ref_arm = next((a for a in record.plan.arms if a.name == lora_reference_name(role)), None)
         refusal = next((a.refused for a in (subject, own_ref) if a is not None and a.refused), None)
