@@ -112,6 +112,17 @@ class ArmPlan:
     """Prompts of the arm's ``accuracy`` steps, if any."""
     digest: DigestChoice = "auto"
     """How the arm digests tensors; the algorithm it resolved to is in its result's environment."""
+    adapters: CheckpointSet | None = None
+    """The run's LoRA adapters A, B and B' (a LoRA engine serves one of them); None without LoRA."""
+
+    @property
+    def refit_checkpoints(self) -> CheckpointSet:
+        """What this arm's A, B and B' are: the adapters for a LoRA ``adapter`` engine, else the
+        base weights."""
+        if self.requirements.lora == "adapter":
+            assert self.adapters is not None, "a LoRA adapter arm without adapters"
+            return self.adapters
+        return self.checkpoints
 
     @property
     def cold_label(self) -> ObservationLabel:
@@ -161,13 +172,28 @@ def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False
     return tuple(steps)
 
 
+def lora_reference_name(role: str) -> str:
+    """The cold-B LoRA arm of a LoRA role (``adapter``: base A serving adapter B; ``base``: base
+    B serving adapter A)."""
+    return f"reference-lora-{role}"
+
+
+def lora_noise_name(role: str) -> str:
+    """The second cold-B LoRA arm of a role: the noise floor of LoRA engines."""
+    return f"noise-lora-{role}"
+
+
 def mode_reference_name(mode: str) -> str:
     """The cold-B arm in engine mode ``mode``, for subjects whose mode is not the run's."""
     return f"reference-{mode}"
 
 
 def make_plan(
-    spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNeeds], unavailable: dict[str, str]
+    spec: RunSpec,
+    checkpoints: CheckpointSet,
+    paths: dict[str, PathNeeds],
+    unavailable: dict[str, str],
+    adapters: CheckpointSet | None = None,
 ) -> Plan:
     """``paths`` maps each requested path to what the planner needs of it; ``unavailable``
     maps a path to the reason it cannot run on this machine. With ``spec.sabotage`` each
@@ -198,6 +224,7 @@ def make_plan(
             throughput=spec.throughput,
             accuracy=accuracy,
             digest=spec.digest,
+            adapters=adapters,
         )
 
     runnable = [p for p in spec.paths if p not in unavailable]
@@ -211,13 +238,37 @@ def make_plan(
     if accuracy:
         cold_b += (Probe(ProbeLabel("accuracy", cold)),)
     plain = EngineRequirements()
-    arms: list[ArmPlan] = [
-        arm_plan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain),
-        arm_plan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain),
-    ]
     groups: dict[EngineRequirements, list[str]] = {}
     for p in runnable:
         groups.setdefault(paths[p].requirements, []).append(p)
+    arms: list[ArmPlan] = []
+    if any(r.lora is None for r in groups) or accuracy:
+        arms += [
+            arm_plan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain),
+            arm_plan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain),
+        ]
+    # A LoRA subject is judged against cold LoRA engines of its own kind (their census holds the
+    # LoRA layers' stacked adapter buffers, and the served adapter decides the outputs).
+    for role in sorted({r.lora for r in groups if r.lora}):
+        own = EngineRequirements(lora=role)
+        arms += [
+            arm_plan(
+                name=lora_reference_name(role),
+                role="lora_reference",
+                paths=(),
+                start="B",
+                steps=(Observe(cold),),
+                requirements=own,
+            ),
+            arm_plan(
+                name=lora_noise_name(role),
+                role="lora_noise",
+                paths=(),
+                start="B",
+                steps=(Observe(cold),),
+                requirements=own,
+            ),
+        ]
     for requirements, members in groups.items():
         probe = arm_plan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements)
         steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))

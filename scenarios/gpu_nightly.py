@@ -38,6 +38,13 @@ GPU_PATHS = (
     "transfer_sparse_nccl",
     "transfer_sharded_rdt",
     "transfer_nccl_m2n",
+    # The refit calls RL frameworks make (issue 21): raw load_weights runs on a GPU (its CPU refusal
+    # is vLLM's design), and the LoRA paths.
+    "raw_load_weights",
+    "lora_inplace",
+    "lora_inplace_prefix_cache",
+    "lora_inplace_same_path",
+    "lora_base_reload",
 )
 
 

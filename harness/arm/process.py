@@ -41,7 +41,7 @@ def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observ
     per_rank = [
         store.from_jsonable(RankCensus, r)
         for r in engine.rpc(
-            "refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor], "digest": arm.digest}
+            "refit_harness_census", {"checkpoint_names": [arm.refit_checkpoints.control_tensor], "digest": arm.digest}
         )
     ]
     first = per_rank[0]
@@ -213,7 +213,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     watchdog = threading.Event()
     try:
         env = environment(arm.digest)
-        paths = {name: PATHS.get(name)(arm.checkpoints, arm.prompts) for name in arm.paths}
+        paths = {name: PATHS.get(name)(arm.refit_checkpoints, arm.prompts) for name in arm.paths}
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
@@ -229,7 +229,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 restart = (
                     path.sabotaged_refit(engine, step.target)
                     if step.sabotaged
-                    else path.refit(engine, arm.checkpoints.directory(step.target), step.target)
+                    else path.refit(engine, arm.refit_checkpoints.directory(step.target), step.target)
                 )
                 if restart is not None:
                     watchdog.set()  # the old engine's processes end on purpose

@@ -41,6 +41,12 @@ def cmd_paths(args: argparse.Namespace) -> int:
         )
         for known in cls.known_issues:
             print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
+        for refusal in cls.refusals:
+            print(f"    declined by vLLM on {refusal.device} (SKIPPED with vLLM's words): {refusal.reason}")
+        if name in PATHS.third_party:
+            print(f"    third-party path, from the installed package {PATHS.third_party[name]}")
+    for name, why in PATHS.refused.items():
+        print(f"{name:28} refused   {why}")
     for known in KNOWN_ISSUES:
         scope = (
             f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "

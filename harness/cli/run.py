@@ -37,6 +37,16 @@ def add_parsers(sub) -> None:
     run.add_argument("--model", help="checkpoint A directory (default: the embedded tiny Qwen3)")
     run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
     run.add_argument(
+        "--lora",
+        metavar="DIR",
+        help="PEFT adapter A for the LoRA paths (default: a deterministic adapter the harness writes for the model)",
+    )
+    run.add_argument(
+        "--lora-target",
+        metavar="DIR",
+        help="PEFT adapter B for lora_inplace (default: adapter A with a seeded perturbation of every tensor)",
+    )
+    run.add_argument(
         "--paths",
         default=None,
         help="comma-separated reload paths, or 'all' (default: reload_weights; with -s, the "
@@ -291,6 +301,8 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         throughput=throughput_of(args.throughput),
         accuracy=accuracy_of(args.accuracy),
         digest=args.digest or RunSpec.digest,
+        lora=args.lora,
+        lora_target=args.lora_target,
     )
 
 
@@ -339,7 +351,12 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["sabotage"] = True
     if args.arm_timeout:
         changes["arm_timeout_s"] = args.arm_timeout
-    for flag, value in (("--target", args.target), ("--control-tensor", args.control_tensor)):
+    for flag, value in (
+        ("--target", args.target),
+        ("--control-tensor", args.control_tensor),
+        ("--lora", args.lora),
+        ("--lora-target", args.lora_target),
+    ):
         if value and len(scenario.models) > 1:
             raise UsageError(
                 f"{flag}: scenario {scenario.name!r} has {len(scenario.models)} models, and one {flag} cannot fit "
@@ -349,6 +366,10 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["target"] = args.target
     if args.control_tensor:
         changes["control"] = ControlSpec(tensor=args.control_tensor)
+    if args.lora:
+        changes["lora"] = args.lora
+    if args.lora_target:
+        changes["lora_target"] = args.lora_target
     if args.engine_core_process:
         changes["engine_core_process"] = True
     if args.digest:

@@ -20,9 +20,10 @@ from harness.judge.verdict import (
     with_expected_census,
     with_sabotage,
 )
-from harness.plan import ArmPlan, Observe, mode_reference_name, sabotaged_twin
+from harness.plan import ArmPlan, Observe, lora_noise_name, lora_reference_name, mode_reference_name, sabotaged_twin
 from harness.records import ArmResult
 from harness.settings import arm_files
+from harness.spec.checkpoint_set import adapted_weight
 
 
 def evaluate(out: Path) -> Evaluation:
@@ -60,7 +61,13 @@ def evaluate(out: Path) -> Evaluation:
         if arm_or_none is None or subject is None:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
             continue
-        refusal = next((a.refused for a in (subject, reference) if a is not None and a.refused), None)
+        # A LoRA subject has cold LoRA engines of its own kind for reference and noise.
+        own_ref, own_noise, own_ref_arm = reference, noise, ref_arm
+        if arm_or_none.requirements.lora:
+            role = arm_or_none.requirements.lora
+            own_ref, own_noise = results.get(lora_reference_name(role)), results.get(lora_noise_name(role))
+            own_ref_arm = next((a for a in record.plan.arms if a.name == lora_reference_name(role)), None)
+        refusal = next((a.refused for a in (subject, own_ref) if a is not None and a.refused), None)
         if refusal:  # nothing to refit: vLLM will not run this engine here
             verdicts.append(skipped(path, f"vLLM cannot start this engine here: {refusal}"))
             continue
@@ -68,14 +75,17 @@ def evaluate(out: Path) -> Evaluation:
         cls = PATHS.get(path)
         # The control is localized under the model's own name for it (vLLM may rename it on load).
         renamed = dict(next((o.model.weight_names for o in subject.observations), ()))
-        control = renamed.get(record.checkpoints.control_tensor, record.checkpoints.control_tensor)
+        planted = arm.refit_checkpoints.control_tensor
+        # An adapter tensor is localized under the base weight it adapts (its LoRA layer's buffers).
+        planted = adapted_weight(planted) if arm.requirements.lora == "adapter" else planted
+        control = renamed.get(planted, planted)
         env = dict(subject.environment)
         device = env.get("device", "cpu")
         architecture = next((o.model.architecture for o in subject.observations), None)
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
-        same_mode = ref_arm is not None and mode == (ref_arm.requirements.mode or ref_arm.engine.mode)
+        same_mode = own_ref_arm is not None and mode == (own_ref_arm.requirements.mode or own_ref_arm.engine.mode)
         fail_on_rebound = rebound_fails(record.spec.judge, mode, device)
 
         # Segments in the order the engine ran them: the real ones, then the sabotaged twins.
@@ -85,13 +95,21 @@ def evaluate(out: Path) -> Evaluation:
         own_mode = None if same_mode else results.get(mode_reference_name(mode))
 
         def compared(
-            owner: str, subject=subject, order=order, control=control, arm=arm, same_mode=same_mode, own_mode=own_mode
+            owner: str,
+            subject=subject,
+            order=order,
+            control=control,
+            arm=arm,
+            same_mode=same_mode,
+            own_mode=own_mode,
+            own_ref=own_ref,
+            own_noise=own_noise,
         ):
             return compare_path(
                 owner,
                 charged_to_segment(subject, owner, order),
-                reference,
-                noise,
+                own_ref,
+                own_noise,
                 control,
                 record.spec.judge.logprob_atol,
                 _labels(arm, owner),
@@ -102,6 +120,10 @@ def evaluate(out: Path) -> Evaluation:
 
         c = compared(path)
         comparisons.append(c)
+        declined = refused_refit(cls.refusals, device, c.errors)
+        if declined:  # vLLM declines this refit here by design: nothing to judge, and no twin
+            verdicts.append(skipped(path, declined))
+            continue
         verdict = judge(
             c,
             record.spec.judge,
@@ -152,3 +174,14 @@ def charged_to_segment(subject: ArmResult, path: str, order: tuple[str, ...]) ->
     if here == failing:
         return replace(subject, error=f"failed in {where}: {subject.error}")
     return replace(subject, error=f"not run: the shared engine failed earlier, in {where}: {subject.error}")
+
+
+def refused_refit(refusals, device: str, errors: tuple[str, ...]) -> str | None:
+    """The SKIPPED reason when a path's segment failed with an error vLLM declines the refit
+    with by design on this device (``ReloadPath.refusals``), quoting vLLM's own words."""
+    for refusal in refusals:
+        said = next((e for e in errors if refusal.matches(device, e)), None)
+        if said is not None:
+            words = said.split("Worker failed with error ", 1)[-1]
+            return f"vLLM declines this refit on {refusal.device}: {refusal.reason}. vLLM said: {words[:400]}"
+    return None

@@ -263,8 +263,9 @@ def _explaining(
     and matches the name pattern, of one of them (tokens that diverge because of them come with it)."""
     if status is VerdictStatus.ERROR:
         return tuple(k for k in knowns if k.error_contains and any(k.error_contains in e for e in c.errors))[:1]
-    if not bad:
-        return ()
+    if not bad and not kernel_bad:
+        # Only tokens diverged, every tensor right: explained by an issue of served state (stale KV).
+        return tuple(k for k in knowns if k.tokens_only and c.cache_hits)[:1]
     kinds = {d.tensor: d.kind for d in c.tensors}
 
     def covering(name: str, kind: str | None) -> KnownIssue | None:

@@ -198,11 +198,20 @@ def prepare(
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
     for p, reason in not_started(spec, cs, needs).items():
         unavailable.setdefault(p, reason)
+    adapters = None
+    if any(cls.requirements.lora for p, cls in classes.items() if p not in unavailable):
+        from harness.checkpoints.lora import prepare_adapters
+
+        progress("preparing LoRA adapters A, B and B' (positive control)")
+        try:
+            adapters = prepare_adapters(spec.model, spec.lora, spec.lora_target, spec.perturb, spec.sabotage)
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
     # The record keeps the spec as asked; the plan carries the resolved prompts.
-    plan = make_plan(resolved, cs, needs, unavailable)
+    plan = make_plan(resolved, cs, needs, unavailable, adapters)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
-    if reuse_reference and plan.arms:
+    if reuse_reference and any(a.role == "reference" for a in plan.arms):
         inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
         key = reference.reference_key(inputs)
         found = (

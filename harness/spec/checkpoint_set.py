@@ -35,3 +35,18 @@ class CheckpointSet:
         if found is None:
             raise ValueError(f"no checkpoint {key} was prepared for this run")
         return found
+
+
+PEFT_PREFIX = "base_model.model."
+"""The prefix PEFT gives every tensor of an adapter."""
+
+
+def adapted_weight(adapter_tensor: str) -> str:
+    """The base weight a LoRA adapter tensor adapts, under the checkpoint's name:
+    ``base_model.model.X.lora_A.weight`` -> ``X.weight`` (vLLM loads the pair into ``X``'s LoRA
+    layer, or into the fused layer that packs ``X``); other names are returned unchanged."""
+    name = adapter_tensor.removeprefix(PEFT_PREFIX)
+    for part in (".lora_A.weight", ".lora_B.weight"):
+        if name.endswith(part):
+            return name[: -len(part)] + ".weight"
+    return adapter_tensor

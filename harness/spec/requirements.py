@@ -14,6 +14,8 @@ from harness.spec.run import Mode
 EngineKind = Literal["llm", "ray_llm", "http"]
 """How a subject engine is run (see ``EngineRequirements.kind``)."""
 RefitTarget = Literal["A", "B", "B_control"]
+LoRARole = Literal["adapter", "base"]
+"""What a LoRA engine's checkpoints A, B, B' are (see ``EngineRequirements.lora``)."""
 """The checkpoint a refit updates an engine to: A, B, or B' (the positive control)."""
 
 
@@ -38,6 +40,14 @@ class EngineRequirements:
     restarts: bool = False
     """The path ends the engine and starts a new one at every refit: it cannot share an
     engine, and addresses or hook counts are not comparable across its refits."""
+    isolated: bool = False
+    """The path gets an engine of its own: a refit vLLM may refuse midway (the raw
+    ``load_weights`` on CPU) must not end the segments of other paths."""
+    lora: LoRARole | None = None
+    """A LoRA engine (``enable_lora``): ``adapter``, the base stays at A and A, B, B' are the
+    run's adapters (``--lora``, ``--lora-target``), served by every request; ``base``, adapter A
+    is served by every request while A, B, B' are the base weights. The path is judged against
+    cold LoRA engines of the same role (``reference-lora-<role>``), never the plain reference."""
 
 
 @dataclass(frozen=True)

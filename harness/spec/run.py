@@ -202,3 +202,8 @@ class RunSpec:
     """Regular expressions (searched) of census names the cold-B reference must observe: the
     state the engine configuration's kernels read (a scenario's ``EngineConfig.expect_census``).
     One never observed makes a PASS INCONCLUSIVE, naming it."""
+    lora: str | None = None
+    """PEFT adapter directory A served by LoRA paths' engines; None: the harness writes a
+    deterministic adapter for the model (only when a LoRA path runs)."""
+    lora_target: str | None = None
+    """PEFT adapter directory B of the ``lora_inplace`` refit; None: A perturbed in every tensor."""

@@ -51,9 +51,32 @@ def rows(run, table: str, **equal):
     return t
 
 
+# Every registered path but the LoRA ones: they run in LoRA engines with their own references
+# (tests/integration/test_rl_paths.py has their one cell, in bf16).
+OWN_CELL = ("lora_inplace", "lora_inplace_prefix_cache", "lora_inplace_same_path", "lora_base_reload")
+
+
+def stock_args() -> tuple[str, ...]:
+    """The stock run's arguments (test_reference_reuse asks for the same run)."""
+    from harness.paths import PATHS
+
+    paths = ",".join(p for p in PATHS.names() if p not in OWN_CELL and p not in PATHS.third_party)
+    return ("--model", model(), "--paths", paths, "--sabotage")
+
+
 @pytest.fixture(scope="module")
 def stock(run_oracle):
-    return run_oracle("stock", "--model", model(), "--paths", "all", "--sabotage")
+    return run_oracle("stock", *stock_args())
+
+
+def test_raw_load_weights_is_declined_by_the_cpu_backend_in_vllms_words(stock):
+    p = stock.summary["paths"]["raw_load_weights"]
+    assert p["verdict"] == "SKIPPED", p
+    assert "vLLM declines this refit on cpu" in p["reasons"][0], p["reasons"]
+    assert "Attempted to load weight" in p["reasons"][0] and "into parameter (torch.Size([0]))" in p["reasons"][0]
+    # Its own engine: the refusal ends no other path's segment.
+    assert [a["status"] for a in stock.summary["arms"] if a["arm"] == "subject-raw_load_weights"] == ["error"]
+    assert stock.summary["paths"]["reload_weights"]["verdict"] == "PASS"
 
 
 @pytest.fixture(scope="module")
