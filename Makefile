@@ -5,7 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # GPU machines take CUDA vLLM; everything else the CPU build.
 DEVICE := $(if $(or $(filter gpu,$(HARNESS_DEVICE)),$(shell command -v nvidia-smi 2>/dev/null)),gpu,cpu)
-STAMP := $(VENV)/.installed-$(DEVICE)
+# The extra installed: the device's, or HARNESS_EXTRA (the GPU nightly takes gpu-full).
+EXTRA := $(or $(HARNESS_EXTRA),$(DEVICE))
+STAMP := $(VENV)/.installed-$(EXTRA)
 PIP_QUIET := 2>&1 | grep -v "^WARNING: Location" || true
 RUN_ARGS ?= -s default
 PYTEST_ARGS ?=
@@ -15,8 +17,8 @@ BENCH ?=
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@echo "installing refit-harness[$(DEVICE),dev] into $(VENV) (a few minutes the first time)"
-	$(PY) -m pip install -q -e ".[$(DEVICE),dev]" 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
+	@echo "installing refit-harness[$(EXTRA),dev] into $(VENV) (a few minutes the first time)"
+	$(PY) -m pip install -q -e ".[$(EXTRA),dev]" 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
 	@# PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; text models need none.
 	@if [ "$(DEVICE)" = cpu ]; then $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec $(PIP_QUIET); fi
 	@touch $@

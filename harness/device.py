@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from typing import Literal
+
+from harness.settings import GPUS_ENV
 
 Device = Literal["cpu", "cuda"]
 """The one device vocabulary: where an arm ran, a known issue applies, a scenario is meant to run."""
@@ -48,3 +51,21 @@ def unmet(required: tuple[str, ...]) -> str | None:
     if offered & set(required):
         return None
     return f"needs {' or '.join(required)}; this machine offers {', '.join(sorted(offered))}"
+
+
+def gpu_count() -> int | None:
+    """GPUs this machine has: ``REFIT_HARNESS_GPUS`` if set, else the lines of ``nvidia-smi -L``
+    (honouring ``CUDA_VISIBLE_DEVICES``); None when it cannot be told."""
+    if os.environ.get(GPUS_ENV):
+        return int(os.environ[GPUS_ENV])
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    n = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        n = min(n, len([d for d in visible.split(",") if d.strip()]))
+    return n

@@ -318,3 +318,59 @@ def make_plan(
             )
         )
     return Plan(arms=tuple(arms), skipped=skipped)
+
+
+@dataclass(frozen=True)
+class PreflightArm:
+    """One arm the preflight checks without starting it."""
+
+    plan: ArmPlan
+    """The arm, as the planner makes it for the cell (on a stand-in checkpoint)."""
+    gpus: float
+    """GPUs the arm's Ray actor asks for (``harness.orchestrate.fanout.arm_resources``)."""
+
+
+@dataclass(frozen=True)
+class PreflightCell:
+    """One cell group of a scenario, planned for a machine with ``gpus`` GPUs."""
+
+    id: str
+    """The group id (``Qwen3-0.6B-eager-tp2-bf16``)."""
+    gpus: int
+    """GPUs of the machine it is planned for."""
+    arms: tuple[PreflightArm, ...]
+    """Its arms."""
+    skipped: tuple[SkippedPath, ...]
+    """Its paths that would be SKIPPED there, with the reason."""
+
+
+@dataclass(frozen=True)
+class PreflightRequest:
+    """What the preflight's arm-side process checks (``python -m harness.arm.preflight``)."""
+
+    scenario: str
+    """The scenario's name."""
+    cells: tuple[PreflightCell, ...]
+    """Every cell group, once per simulated GPU count."""
+    cuda_capability: tuple[int, int] = (9, 0)
+    """Compute capability the attention backend is checked for (the nightly runner's GPU)."""
+    placement_timeout_s: float = 5.0
+    """How long a stand-in actor may wait for Ray to place it before it counts as unplaceable."""
+
+
+@dataclass(frozen=True)
+class PreflightFinding:
+    """One line of the preflight's answer."""
+
+    kind: Literal["problem", "skip", "ok"]
+    """``problem``: the cell would crash or hang; ``skip``: it would be SKIPPED with a reason;
+    ``ok``: a check that passed, with what it checked."""
+    cell: str
+    """The cell (``path[group]``), group or arm it concerns."""
+    check: str
+    """Which check: ``engine-args``, ``kv-cache``, ``attention``, ``trainer``, ``packages``, ``placement``."""
+    detail: str
+    """What was found, in one line."""
+
+    def line(self) -> str:
+        return f"{self.kind.upper()} {self.check}: {self.cell}: {self.detail}"

@@ -196,13 +196,41 @@ class Observation:
     """Post-load hooks on the model and their call counts so far."""
     unobserved: tuple[UnobservedRecord, ...] = ()
     """What the census could not observe on any rank, with the reason (older records: none)."""
+    graph_reads: tuple[GraphRead, ...] = ()
+    """Under CUDA graphs: for each tensor whose storage moved across the refit before this
+    observation, whether a captured graph still reads its old storage (older records: none)."""
+    graphs_probed: bool = False
+    """Whether the graph-read probe ran for this observation (an engine with captured graphs)."""
 
-    def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord) -> str:
+    def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord | GraphRead) -> str:
         """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more
         than one rank was observed, the bare name otherwise."""
         return (
             f"rank{record.rank}:{record.name}" if self.model.world_size > 1 and record.rank is not None else record.name
         )
+
+
+GraphReadStatus = Literal["read", "unread", "unchecked"]
+
+
+@dataclass(frozen=True)
+class GraphRead:
+    """Whether captured CUDA graphs still read a tensor at the storage it had before a refit.
+
+    A captured graph replays the addresses it was captured with, so a tensor the refit gave new
+    storage is read at the old one until the graph is captured again; a dispatch-mode
+    recording cannot see this (a replay dispatches no op). ``harness.worker.graph_reads``."""
+
+    name: str
+    """The tensor's census name."""
+    rank: int
+    """Worker rank."""
+    status: GraphReadStatus
+    """``read``: its old address is a captured graph's input, or poisoning its old storage
+    changed what the engine generated inside the captured batch sizes; ``unread``: neither;
+    ``unchecked``: it could not be shown either way (then it counts as read)."""
+    evidence: str
+    """What showed it, in one line."""
 
 
 @dataclass(frozen=True)

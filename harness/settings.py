@@ -29,6 +29,11 @@ STAGE_DIR_ENV = "REFIT_HARNESS_STAGE_DIR"
 """Where staged checkpoints land on a Ray node (default ``<tmp>/refit-harness-stage``)."""
 NIGHTLY_MODEL_ENV = "REFIT_HARNESS_NIGHTLY_MODEL"
 """The checkpoint (directory or hub id) of the ``gpu-nightly`` scenario."""
+NIGHTLY_ATTENTION_ENV = "REFIT_HARNESS_NIGHTLY_ATTENTION"
+"""The attention backend the ``gpu-nightly`` cells pin (default ``FLASH_ATTN``; empty: vLLM's choice)."""
+GPUS_ENV = "REFIT_HARNESS_GPUS"
+"""How many GPUs the planner takes this machine to have (default: ``nvidia-smi -L``); a cell
+that needs more (a transfer trainer's own GPU beside the engine's) is SKIPPED with the reason."""
 SCREENSHOTS_ENV = "REFIT_HARNESS_SCREENSHOTS"
 """Where the browser test saves its screenshots (CI artifacts)."""
 

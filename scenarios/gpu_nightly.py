@@ -16,12 +16,24 @@ Elsewhere than sm90 the cell is SKIPPED with that reason. The iHC fused ops of t
 (``HpcIHCPre``/``HpcIHCHead``, which read their owner's ``hc_fn.weight``, ``hc_scale``,
 ``hc_base`` and ``hc_head_*`` through an alias) belong to HunYuan V4 on sm100/sm103 only
 (``hpc_ihc._SUPPORTED_CAPABILITIES``): ``IHC_ALIASES`` names them for such a cell.
+
+The nightly runs in bf16 (the production dtype), eager and compiled (torch.compile with CUDA
+graphs), with a KV cache sized from each model's own config (every sequence of
+``max_num_seqs`` at ``max_model_len``, with a margin: a fixed 64 MiB cannot hold one 512-token
+fp32 sequence of Qwen3-0.6B). The main model's cells pin the production attention backend
+(``REFIT_HARNESS_NIGHTLY_ATTENTION``, default ``FLASH_ATTN``), so an engine that cannot run it
+fails instead of silently testing another one.
+
+``refit-harness preflight -s gpu-nightly`` checks every cell on any machine, CPU included:
+its engine arguments, its KV cache, each backend's trainer, the optional packages and the
+Ray placement of every arm and trainer (``docs/gpu-nightly.md``).
 """
 
 import os
 
-from harness.settings import NIGHTLY_MODEL_ENV
+from harness.settings import NIGHTLY_ATTENTION_ENV, NIGHTLY_MODEL_ENV
 from harness.spec.engine_config import EngineConfig, encode
+from harness.spec.run import EngineSpec
 from harness.spec.scenario import ModelRef, ScenarioSpec
 
 GPU_PATHS = (
@@ -79,14 +91,21 @@ HPC_ATTN = EngineConfig(
 def gpu_nightly() -> ScenarioSpec:
     model = os.environ.get(NIGHTLY_MODEL_ENV, "Qwen/Qwen3-0.6B")
     label = model.rstrip("/").split("/")[-1]
+    attention = os.environ.get(NIGHTLY_ATTENTION_ENV, "FLASH_ATTN")
+    pinned = encode({"attention_backend": attention}) if attention else ()
     return ScenarioSpec(
         name="gpu-nightly",
-        description=f"every path on {model}, eager+compiled, TP 1 and 2, and the HPC QK-norm cell on HunYuan V3 (GPU)",
+        description=(
+            f"every path on {model}, bf16, eager+compiled (CUDA graphs), TP 1 and 2, {attention or 'vLLM'}'s "
+            "attention; and the HPC QK-norm cell on HunYuan V3 (GPU)"
+        ),
         models=(ModelRef(label=label, path=model), HUNYUAN),
-        engine_configs=(EngineConfig(models=(label,)), HPC_ATTN),
+        engine_configs=(EngineConfig(models=(label,), args=pinned), HPC_ATTN),
         paths=GPU_PATHS,
         modes=("eager", "compiled"),
+        dtypes=("bfloat16",),
         tp_sizes=(1, 2),
+        engine=EngineSpec(kv_cache_memory_bytes=None),
         arm_timeout_s=1800.0,
         device="cuda",
     )

@@ -24,10 +24,12 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from harness.device import cuda_available
 from harness.plan import ArmPlan
 from harness.records import PromptOutput
 from harness.settings import SCRATCH_ENV
 from harness.spec.run import PromptSpec
+from harness.spec.transfer import RAY_NAMESPACE, TransferLayout, layout
 
 WORKER_EXTENSION = "harness.worker.extension.RefitObserver"
 
@@ -109,12 +111,21 @@ def lora_max_rank(adapter: str) -> int:
     return next((allowed for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512) if rank <= allowed), rank)
 
 
-def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None) -> dict[str, Any]:
+def transfer_layout(arm: ArmPlan, cuda: bool | None = None) -> TransferLayout:
+    """Where a Ray engine's actor, workers and trainer ranks go (``harness.spec.transfer``);
+    ``cuda`` None asks this machine (the preflight asks for a GPU machine's)."""
+    backend = arm.requirements.weight_transfer_backend or "gloo"
+    return layout(backend, arm.engine.tensor_parallel_size, cuda_available() if cuda is None else cuda)
+
+
+def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None, cuda: bool | None = None) -> dict[str, Any]:
+    """``LLM(...)`` arguments: ``engine_args``, plus a transfer backend's config and executor."""
     args = engine_args(arm, overrides)
     if arm.requirements.weight_transfer_backend:
         from vllm.config import WeightTransferConfig
 
         args["weight_transfer_config"] = WeightTransferConfig(backend=arm.requirements.weight_transfer_backend)
+        args.update(transfer_layout(arm, cuda).engine_args())
     return args
 
 
@@ -247,18 +258,26 @@ class RayEngine(EngineBase):
                 ray,
                 num_cpus=max(2, os.cpu_count() or 2),
                 log_to_driver=False,
+                namespace=RAY_NAMESPACE,
                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
             )
-        from harness.device import cuda_available
-        from harness.paths.weight_transfer import gpu_shares
+        from harness.arm.placement import engine_actor_options, engine_placement_group, wait_placed
 
         self._ray = ray
+        self.placement_group = None
+        placed = transfer_layout(arm)
         # The actor holds no Ray CPU: vLLM's own processes do the work; a CPU request would
-        # only starve the trainer actor on a 2-core machine.
-        gpus, _ = gpu_shares(
-            arm.requirements.weight_transfer_backend, arm.engine.tensor_parallel_size, cuda_available()
+        # only starve the trainer actor on a 2-core machine. Its GPUs, and the placement group
+        # of a Ray executor, follow the backend's layout (``harness.spec.transfer``).
+        self.placement_group = engine_placement_group(ray, placed)
+        self.actor = (
+            ray.remote(LLM)
+            .options(**engine_actor_options(placed, self.placement_group))
+            .remote(**_llm_kwargs(arm, overrides))
         )
-        self.actor = ray.remote(num_cpus=0, num_gpus=gpus)(LLM).remote(**_llm_kwargs(arm, overrides))
+        wait_placed(
+            ray, self.actor, f"the LLM actor ({placed.backend}, TP {placed.tensor_parallel_size})", placed.engine_gpus
+        )
         self.rpc("refit_harness_ping")  # surface start-up errors here, not at the first refit
 
     def rpc(self, method, kwargs=None):
@@ -275,6 +294,8 @@ class RayEngine(EngineBase):
     def close(self, wait=False):
         try:
             self._ray.kill(self.actor)
+            if self.placement_group is not None:
+                self._ray.util.remove_placement_group(self.placement_group)
         finally:
             self._ray.shutdown()
 

@@ -23,6 +23,7 @@ from harness.records import (
     ArmResult,
     Completions,
     ConsumedTensor,
+    GraphRead,
     Measurement,
     ModelInfo,
     Observation,
@@ -37,7 +38,10 @@ from harness.settings import BUILD_ENV
 from harness.spec.run import PromptSpec
 
 
-def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observation:
+def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel, probe_graphs: bool = False) -> Observation:
+    """Census, one recorded forward (a long prefill and a decode step inside the captured batch
+    sizes), greedy outputs; and, right after a refit under CUDA graphs (``probe_graphs``), which
+    moved tensors captured graphs still read at their old storage."""
     per_rank = [
         store.from_jsonable(RankCensus, r)
         for r in engine.rpc(
@@ -54,20 +58,103 @@ def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observ
     unobserved = [u for r in per_rank for u in r.unobserved]
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
     try:
-        consumed, unreadable = record_consumed(engine, arm.prompts, arm.digest)
+        consumed, unreadable = record_consumed(engine, arm.prompts, arm.digest, graph_prompts(arm, max_tokens=2))
         unobserved += [UnobservedRecord("<kernel-input>", "forward", why) for why in unreadable]
     except Exception as exc:
         consumed = ()
         unobserved.append(UnobservedRecord("<kernel-inputs>", "forward", f"{type(exc).__name__}: {exc}"[:300]))
+    outputs = decoded(engine.generate(arm.prompts), arm)
+    graph_reads: tuple[GraphRead, ...] = ()
+    if probe_graphs:
+        try:
+            graph_reads = probe_graph_reads(engine, arm)
+        finally:
+            engine.rpc("refit_harness_release_held")
     return Observation(
         label=label,
         tensors=tuple(t for r in per_rank for t in r.tensors),
         consumed=consumed,
         hooks=first.hooks,
-        outputs=decoded(engine.generate(arm.prompts), arm),
+        outputs=outputs,
         model=model,
         unobserved=tuple(unobserved),
+        graph_reads=graph_reads,
+        graphs_probed=probe_graphs,
     )
+
+
+def graph_prompts(arm: ArmPlan, max_tokens: int = 4) -> PromptSpec:
+    """A batch whose every step runs inside the captured CUDA graph sizes: four prompts of three
+    tokens (a 12-token prefill; vLLM captures up to ``min(2 * max_num_seqs, 512)`` tokens, 16 for
+    the default 8 sequences), then decode steps of four sequences."""
+    first = tuple(arm.prompts.token_ids[0])
+    batch = min(4, arm.engine.max_num_seqs)
+    tokens = first * (-(-3 * batch // len(first)))  # at least three tokens per prompt
+    return PromptSpec(
+        token_ids=tuple(tokens[i * 3 : i * 3 + 3] for i in range(batch)),
+        max_tokens=max_tokens,
+        logprobs=max(1, arm.prompts.logprobs),
+    )
+
+
+def graphs_active(arm: ArmPlan) -> bool:
+    """Whether the arm's engine captures CUDA graphs: compiled, on a GPU, one engine throughout."""
+    from harness.device import cuda_available
+
+    return (
+        cuda_available() and (arm.requirements.mode or arm.engine.mode) == "compiled" and not arm.requirements.restarts
+    )
+
+
+GRAPH_PROBE_BISECT = 8
+"""Moved tensors poisoned one at a time, at most, once poisoning them all changed the outputs."""
+
+
+def probe_graph_reads(engine: EngineBase, arm: ArmPlan) -> tuple[GraphRead, ...]:
+    """For every tensor that moved across the refit, whether a captured graph still reads its
+    old storage (``harness.worker.graph_reads``): its old address a captured input, or poisoning
+    its old bytes changes a generate inside the captured sizes."""
+    per_rank = engine.rpc("refit_harness_moved_tensors")
+    if not any(r.get("held") for r in per_rank):
+        return ()
+    reads: list[GraphRead] = []
+    for r in per_rank:
+        for name in r["captured"]:
+            reads.append(GraphRead(name, r["rank"], "read", "its old address is an input of a captured graph"))
+        for name, why in r["refused"].items():
+            reads.append(GraphRead(name, r["rank"], "unchecked", why))
+    suspects = sorted({n for r in per_rank for n in r["poisonable"]})
+    if not suspects:
+        return tuple(reads)
+    prompts = graph_prompts(arm)
+    first, again = engine.generate(prompts), engine.generate(prompts)
+    ranks = [r["rank"] for r in per_rank]
+
+    def verdicts(status, evidence, names):
+        return [GraphRead(n, rank, status, evidence) for n in names for rank in ranks]
+
+    if first != again:
+        return tuple(
+            reads + verdicts("unchecked", "the batch inside the captured sizes is not deterministic", suspects)
+        )
+
+    def changes(names: list[str]) -> bool:
+        engine.rpc("refit_harness_flip_held", {"names": names})
+        try:
+            return engine.generate(prompts) != first
+        finally:
+            engine.rpc("refit_harness_flip_held", {"names": names})  # flipped back: the old bytes again
+
+    unread = "poisoning its old storage left a generate inside the captured sizes bit-identical"
+    if not changes(suspects):
+        return tuple(reads + verdicts("unread", unread, suspects))
+    for name in suspects[:GRAPH_PROBE_BISECT]:
+        if changes([name]):
+            reads += verdicts("read", "poisoning its old storage changed a generate inside the captured sizes", [name])
+        else:
+            reads += verdicts("unread", unread, [name])
+    rest = suspects[GRAPH_PROBE_BISECT:]
+    return tuple(reads + verdicts("unchecked", f"not poisoned alone (only the first {GRAPH_PROBE_BISECT} are)", rest))
 
 
 def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutput, ...]:
@@ -83,13 +170,18 @@ def decoded(outputs: tuple[PromptOutput, ...], arm: ArmPlan) -> tuple[PromptOutp
 
 
 def record_consumed(
-    engine: EngineBase, prompts: PromptSpec, digest: str = "auto"
+    engine: EngineBase, prompts: PromptSpec, digest: str = "auto", decode: PromptSpec | None = None
 ) -> tuple[tuple[ConsumedTensor, ...], list[str]]:
-    """One prefill of the first prompt with the dispatch recorder on, in every worker; also
-    the op inputs the recorder could not digest, with the reason."""
+    """The dispatch recorder on, in every worker, over one long prefill of the first prompt and,
+    with ``decode``, a small batch whose prefill and decode steps fall inside the captured CUDA
+    graph sizes (decode kernels read what a long prefill may not); also the op inputs the
+    recorder could not digest, with the reason. Under CUDA graphs a replay dispatches no op, so
+    what it records there is the eager part; the graph reads are ``probe_graph_reads``'s."""
     engine.rpc("refit_harness_recorder_start", {"digest": digest})
     try:
         engine.generate(PromptSpec(token_ids=prompts.token_ids[:1], max_tokens=1, logprobs=1))
+        if decode is not None:
+            engine.generate(decode)
     finally:
         per_rank = [store.from_jsonable(RankRecording, r) for r in engine.rpc("refit_harness_recorder_stop")]
     return tuple(c for r in per_rank for c in r.consumed), [why for r in per_rank for why in r.unreadable]
@@ -210,6 +302,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
 
     paths = {}
     engine = None
+    held = False  # the worker holds every tensor as it was before the last refit
     watchdog = threading.Event()
     try:
         env = environment(arm.digest)
@@ -226,12 +319,16 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 # is killed here, the record charges the failure to this segment, not the earlier ones.
                 save("error", f"arm stopped during {current[0][1]} of {owner}")
                 path = paths[step.path]
+                # Under CUDA graphs, hold every tensor across the refit: a moved one's old storage
+                # is what the captured graphs may still read (``probe_graph_reads``).
+                held = graphs_active(arm) and bool(engine.rpc("refit_harness_hold_tensors"))
                 restart = (
                     path.sabotaged_refit(engine, step.target)
                     if step.sabotaged
                     else path.refit(engine, arm.refit_checkpoints.directory(step.target), step.target)
                 )
                 if restart is not None:
+                    held = False
                     watchdog.set()  # the old engine's processes end on purpose
                     engine.close(wait=True)
                     engine = None  # if the new engine fails to start, the old one is not closed twice
@@ -251,7 +348,8 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     save("error", f"arm stopped after measuring {str(label)!r}")
             else:
                 current[0] = (step.label.path, f"observe {step.label.stage}")
-                observations.append(observe(engine, arm, step.label))
+                observations.append(observe(engine, arm, step.label, probe_graphs=held))
+                held = False
                 # Keep what was measured; if the arm dies later, this file says so.
                 save("error", f"arm stopped after observing {str(step.label)!r}")
         current[0] = (None, None)

@@ -32,6 +32,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
+from vllm.distributed.weight_transfer.m2n_common import REPLICATED, M2NMesh, M2NParamMeta
+from vllm.distributed.weight_transfer.m2n_source import M2NWeightSource
 
 from harness import loopback, safetensors_files
 
@@ -204,37 +206,110 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 class CheckpointSource(WeightSource):
     """A ``WeightSource`` over a safetensors checkpoint directory (the trainer's weights).
 
-    ``device``: where the tensors are handed over; CUDA IPC shares handles to device
-    memory, so that backend needs CUDA tensors. ``exclude``: names left out of the
-    update (a sabotaged transfer)."""
+    - ``device``: where the tensors are handed over; NCCL sends from device pointers and CUDA
+      IPC shares handles to device memory, so the CUDA backends need CUDA tensors.
+    - ``exclude``: names left out of the update (a sabotaged transfer).
+    - ``substitute``: name -> another checkpoint directory whose tensor is sent under that name
+      instead (a sabotaged transfer for backends whose trainer fixes the tensor list at init:
+      the engine is sent the value it already holds).
+    - ``layer_order``: tensors in numeric layer order (``layers.2`` before ``layers.10``), as
+      vLLM's ``layerwise_groups`` orders them, instead of the files' order; the sharded-RDT
+      trainer refuses any other ("metadata order is group-contiguous").
 
-    def __init__(self, directory: str | Path, device: str = "cpu", exclude: tuple[str, ...] = ()) -> None:
+    ``metadata()`` and iteration always agree, element for element (vLLM's NCCL trainer checks).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        device: str = "cpu",
+        exclude: tuple[str, ...] = (),
+        substitute: dict[str, str] | None = None,
+        layer_order: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.device = device
         self.exclude = frozenset(exclude)
+        self.substitute = dict(substitute or {})
+        self.layer_order = layer_order
 
-    def _files(self) -> list[Path]:
-        return safetensors_files.files(self.directory)
-
-    def metadata(self) -> list[ParamMeta]:
-        # From the headers, in the order ``__iter__`` reads the tensors.
-        return [
-            ParamMeta(name=name, dtype=safetensors_files.torch_dtype(entry["dtype"]), shape=tuple(entry["shape"]))
-            for f in self._files()
+    def _entries(self) -> list[tuple[Path, str, dict[str, Any]]]:
+        entries = [
+            (f, name, entry)
+            for f in safetensors_files.files(self.directory)
             for name, entry in safetensors_files.tensor_entries(safetensors_files.read_header(f)[1])
             if name not in self.exclude
         ]
+        if self.layer_order:
+            from vllm.distributed.weight_transfer.base import layerwise_groups
+
+            rank = {name: i for i, name in enumerate(n for g in layerwise_groups([e[1] for e in entries]) for n in g)}
+            entries.sort(key=lambda e: rank[e[1]])
+        return entries
+
+    def metadata(self) -> list[ParamMeta]:
+        return [
+            ParamMeta(name=name, dtype=safetensors_files.torch_dtype(entry["dtype"]), shape=tuple(entry["shape"]))
+            for _, name, entry in self._entries()
+        ]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return safetensors_files.tensors(self._files(), exclude=self.exclude, device=self.device)
+        from contextlib import ExitStack
+
+        from safetensors import safe_open
+
+        entries = self._entries()
+        with ExitStack() as stack:
+            opened: dict[Path, Any] = {}
+
+            def tensor(f: Path, name: str) -> torch.Tensor:
+                if f not in opened:
+                    opened[f] = stack.enter_context(safe_open(str(f), framework="pt"))
+                return opened[f].get_tensor(name)
+
+            for f, name, _ in entries:
+                if name in self.substitute:
+                    other = next(
+                        g
+                        for g in safetensors_files.files(self.substitute[name])
+                        if name in safetensors_files.read_header(g)[1]
+                    )
+                    yield name, tensor(other, name).to(self.device)
+                else:
+                    yield name, tensor(f, name).to(self.device)
+
+
+class M2NCheckpointSource(CheckpointSource, M2NWeightSource):
+    """The checkpoint as the ``M2NWeightSource`` vLLM's m2n trainer requires: one trainer rank
+    holding every tensor whole, so the mesh is ``(1, 1)`` and every tensor is ``REPLICATED``
+    (m2n reshards each into the workers' tensor-parallel layout)."""
+
+    def mesh(self) -> M2NMesh:
+        return M2NMesh((1, 1), 0)
+
+    def metadata(self) -> list[ParamMeta]:
+        return [M2NParamMeta(m.name, m.dtype, m.shape, REPLICATED) for m in CheckpointSource.metadata(self)]
+
+
+def checkpoint_source(backend: str, directory: str | Path, **options) -> CheckpointSource:
+    """The source a backend's trainer takes, over ``directory``, on the backend's device and in
+    the order it needs (``harness.spec.transfer.BACKENDS``)."""
+    from harness.spec.transfer import BACKENDS
+
+    b = BACKENDS[backend]
+    options.setdefault("device", source_device(backend))
+    cls = M2NCheckpointSource if b.source == "m2n" else CheckpointSource
+    return cls(directory, layer_order=b.layer_order, **options)
 
 
 class TrainerActor:
-    """Runs in a Ray actor beside the engine actor, as RL frameworks place the trainer.
+    """One trainer rank, in a Ray actor beside the engine actor, as RL frameworks place it.
 
-    Builds its engine with vLLM's ``WeightTransferTrainerFactory`` and talks to the
-    inference engine through vLLM's ``RayVLLMWeightSyncClient``. ``held`` is the
-    checkpoint the inference engine holds now (sparse backends send deltas against it).
+    Builds its engine with vLLM's ``WeightTransferTrainerFactory`` and talks to the inference
+    engine through vLLM's ``RayVLLMWeightSyncClient``. ``held`` is the checkpoint the inference
+    engine holds now (sparse patches are deltas against it; a sabotaged round of a backend with
+    fixed metadata sends its values). Every rank runs ``connect`` and ``send`` at the same
+    time (the IPC ranks all-gather their handles); only rank 0 drives the engine.
     """
 
     def __init__(self, engine_actor, init_info: dict[str, Any], backend: str, engine_holds: str) -> None:
@@ -245,29 +320,55 @@ class TrainerActor:
         self.client = RayVLLMWeightSyncClient(engine_actor)
         self.init_info = trainer_init_info(backend, init_info)
         self.backend = backend
-        self.held = CheckpointSource(engine_holds, device=source_device(backend))
+        self.held = engine_holds
         self.engine = None
+
+    def join_group(self, address: str, port: int, rank: int, world_size: int) -> None:
+        """The trainer ranks' own process group: vLLM's IPC trainer all-gathers every rank's
+        handles over the default group (``_all_gather_and_merge_handles``)."""
+        torch.distributed.init_process_group(
+            backend="gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=world_size
+        )
 
     def connect(self) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-        self.engine = WeightTransferTrainerFactory.trainer_init(self.init_info, client=self.client, source=self.held)
+        self.engine = WeightTransferTrainerFactory.trainer_init(
+            self.init_info, client=self.client, source=trainer_source(self.backend, self.held)
+        )
 
     def send(self, checkpoint_dir: str, exclude: tuple[str, ...] = ()) -> None:
         """Update the engine to ``checkpoint_dir``, leaving out ``exclude`` (a sabotage)."""
-        target = CheckpointSource(checkpoint_dir, device=source_device(self.backend), exclude=exclude)
-        if self.backend == "sparse_nccl":
-            self.engine.send_weights(sparse_patches(self.held, target))
+        from harness.spec.transfer import BACKENDS
+
+        if BACKENDS[self.backend].source == "none":
+            target = checkpoint_source(self.backend, checkpoint_dir, exclude=exclude)
+            self.engine.send_weights(sparse_patches(checkpoint_source(self.backend, self.held), target))
         else:  # full resync backends replay their source: the trainer's weights are now the target
+            if BACKENDS[self.backend].fixed_metadata:
+                target = checkpoint_source(self.backend, checkpoint_dir, substitute=dict.fromkeys(exclude, self.held))
+            else:
+                target = checkpoint_source(self.backend, checkpoint_dir, exclude=exclude)
             self.engine.source = target
             self.engine.send_weights()
         # Every name, even one left out: the next sparse diff looks each one up here, and its
         # patches carry absolute values, so a left-out tensor is still set right by it.
-        self.held = CheckpointSource(checkpoint_dir, device=target.device)
+        self.held = checkpoint_dir
 
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def trainer_source(backend: str, directory: str | Path) -> CheckpointSource | None:
+    """What ``trainer_init`` gets as ``source``: None for a delta backend, whose trainer refuses
+    one ("Sparse NCCL weight transfer takes no WeightSource"); else the checkpoint, as the
+    backend needs it."""
+    from harness.spec.transfer import BACKENDS
+
+    return None if BACKENDS[backend].source == "none" else checkpoint_source(backend, directory)
 
 
 def source_device(backend: str) -> str:
@@ -278,13 +379,17 @@ def source_device(backend: str) -> str:
 
 
 def sparse_patches(held: CheckpointSource, target: CheckpointSource) -> list:
-    """vLLM ``SparseWeightPatch`` objects for every element that differs between two checkpoints."""
+    """vLLM ``SparseWeightPatch`` objects for every element that differs between two checkpoints,
+    with the int32 flat indices vLLM's sparse trainer requires ("Sparse weight updates require
+    int32 indices"), so a tensor must have fewer than 2**31 elements."""
     from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
 
     old = dict(held)
     patches = []
     for name, new in target:
-        changed = (new != old[name].to(new.device)).reshape(-1).nonzero().reshape(-1)
+        if new.numel() >= 2**31:
+            raise ValueError(f"{name} has {new.numel()} elements: more than int32 sparse indices can address")
+        changed = (new != old[name].to(new.device)).reshape(-1).nonzero().reshape(-1).to(torch.int32)
         if changed.numel():
             patches.append(
                 SparseWeightPatch(

@@ -121,6 +121,19 @@ class ConsumedDiff:
 
 
 @dataclass(frozen=True)
+class GraphReadOutcome:
+    """Under CUDA graphs: whether captured graphs were shown to leave a moved tensor's old storage
+    unread, over every observation of a path that probed them (``harness.records.GraphRead``)."""
+
+    tensor: str
+    """Census name as shown (``rank<N>:`` with more than one rank)."""
+    status: Literal["read", "unread", "unchecked"]
+    """``unread`` only if every probe of it said so; ``read`` if any showed a read."""
+    evidence: str
+    """What showed it."""
+
+
+@dataclass(frozen=True)
 class HookRun:
     """Whether one post-load hook ran during a path's refit, and what it left stale."""
 
@@ -159,6 +172,15 @@ class PathComparison:
     cache_hits: int | None = None
     """Prompt tokens the prefix cache served in the observation after the refit to B
     (None where the engine does not report them)."""
+    graph_reads: tuple[GraphReadOutcome, ...] = ()
+    """Moved tensors probed under CUDA graphs (``harness.arm.process.probe_graph_reads``)."""
+    graphs_probed: bool = False
+    """Whether any of the path's observations probed its captured graphs."""
+
+    @property
+    def graph_unread(self) -> frozenset[str]:
+        """Tensors shown unread at their old storage by every captured graph."""
+        return frozenset(g.tensor for g in self.graph_reads if g.status == "unread")
 
 
 class Digested(Protocol):
@@ -536,8 +558,11 @@ def compare_path(
             reference=ref,
             noisy=noisy,
         )
+    probed = [o for o in obs.values() if o.graphs_probed]
     return PathComparison(
         path=path,
+        graph_reads=graph_read_outcomes(probed),
+        graphs_probed=bool(probed),
         tensors=tuple(tensors),
         tokens=tuple(tokens),
         control=control,
@@ -548,6 +573,19 @@ def compare_path(
         notes=notes,
         cache_hits=cache_hits(obs.get("warm_B")),
     )
+
+
+def graph_read_outcomes(observations: list[Observation]) -> tuple[GraphReadOutcome, ...]:
+    """One outcome per moved tensor over the probed observations: ``read`` beats ``unchecked``
+    beats ``unread``, so a tensor is unread only if every probe showed it so."""
+    rank = {"read": 2, "unchecked": 1, "unread": 0}
+    worst: dict[str, GraphReadOutcome] = {}
+    for o in observations:
+        for g in o.graph_reads:
+            name = o.shown_name(g)
+            if name not in worst or rank[g.status] > rank[worst[name].status]:
+                worst[name] = GraphReadOutcome(name, g.status, g.evidence)
+    return tuple(worst[n] for n in sorted(worst))
 
 
 def cache_hits(observation: Observation | None) -> int | None:

@@ -87,6 +87,7 @@ def evaluate(out: Path) -> Evaluation:
         mode = arm.requirements.mode or arm.engine.mode
         same_mode = own_ref_arm is not None and mode == (own_ref_arm.requirements.mode or own_ref_arm.engine.mode)
         fail_on_rebound = rebound_fails(record.spec.judge, mode, device)
+        graphs = mode == "compiled" and not device.startswith("cpu")  # captured CUDA graphs replay addresses
 
         # Segments in the order the engine ran them: the real ones, then the sabotaged twins.
         order = arm.paths + (tuple(sabotaged_twin(p) for p in arm.paths) if record.spec.sabotage else ())
@@ -130,13 +131,14 @@ def evaluate(out: Path) -> Evaluation:
             fail_on_rebound,
             known=cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype),
             require_cache_hits=cls.needs_cache_hits,
+            graphs=graphs,
         )
         if record.spec.sabotage:
             twin = compared(sabotaged_twin(path))
             comparisons.append(twin)
             outcome = judge_sabotage(
                 twin,
-                judge(twin, record.spec.judge, fail_on_rebound),
+                judge(twin, record.spec.judge, fail_on_rebound, graphs=graphs),
                 cls.sabotage,
                 cls.sabotage_evidence,
                 control,

@@ -105,25 +105,41 @@ def judge(
     fail_on_rebound: bool,
     known: KnownIssue | tuple[KnownIssue, ...] | None = None,
     require_cache_hits: bool = False,
+    graphs: bool | None = None,
 ) -> Verdict:
     """``known``: the path's known issue(s) on the device the subject ran on, if any; a failure
     is XFAIL when every failing tensor is explained by one of them.
     ``require_cache_hits``: the path proves something only if the prefix cache served
-    tokens after its refit; without hits it FAILs."""
+    tokens after its refit; without hits it FAILs.
+    ``graphs``: the engine captures CUDA graphs (None: wherever a REBOUND fails, as ``auto``
+    decides). Then a REBOUND fails unless the captured graphs were shown to leave the tensor's
+    old storage unread (``PathComparison.graph_unread``): a dispatch-mode recording cannot see a
+    graph replay, so a tensor it did not record is not thereby unread. Outside graphs, a REBOUND
+    that fails (``--rebound fail``) counts only for tensors the recorded forward consumed (vLLM
+    rebuilds some CPU-side scalars no op reads)."""
     knowns = () if known is None else (known,) if isinstance(known, KnownIssue) else tuple(known)
-    # A moved address matters only for what a kernel reads; when the forward was recorded,
-    # REBOUND counts only for consumed tensors (vLLM rebuilds some CPU-side scalars no op reads).
+    graphs = fail_on_rebound if graphs is None else graphs
     consumed = {d.tensor for d in c.consumed}
+    unread = c.graph_unread
+
+    def rebound_fails(tensor: str) -> bool:
+        if not fail_on_rebound:
+            return False
+        if graphs:
+            return tensor not in unread
+        return not consumed or tensor in consumed
 
     def fails(d: TensorDiff) -> bool:
         if d.status is TensorStatus.REBOUND:
-            return fail_on_rebound and (not consumed or d.tensor in consumed)
+            return rebound_fails(d.tensor)
         return d.status in FAILING_STATUSES
 
     judged = [d for d in c.tensors if d.check in JUDGED_CHECKS]
     bad = [d for d in judged if fails(d)]
     kernel_bad = [
-        d for d in c.consumed if d.status in FAILING_STATUSES or (d.status is TensorStatus.REBOUND and fail_on_rebound)
+        d
+        for d in c.consumed
+        if d.status in FAILING_STATUSES or (d.status is TensorStatus.REBOUND and rebound_fails(d.tensor))
     ]
     reasons: list[str] = [
         r for check in JUDGED_CHECKS if (r := _tensor_reason(check, [d for d in bad if d.check == check]))
@@ -141,8 +157,28 @@ def judge(
     notes: list[str] = []  # reported, not deciding
     rebound = sorted({d.tensor for d in judged if d.status is TensorStatus.REBOUND and not fails(d)})
     if rebound:
-        why = "no kernel reads them" if fail_on_rebound else "no captured graph reads old addresses in this mode"
+        why = (
+            "the captured graphs were shown not to read their old storage"
+            if graphs and fail_on_rebound
+            else "no kernel reads them"
+            if fail_on_rebound
+            else "no captured graph reads old addresses in this mode"
+        )
         notes.append(f"{len(rebound)} tensor(s) REBOUND, not failing: {why} (first: {rebound[0]})")
+    read_by_graphs = sorted({d.tensor for d in bad if d.status is TensorStatus.REBOUND and graphs})
+    if read_by_graphs:
+        evidence = {g.tensor: g for g in c.graph_reads}
+        first_read = read_by_graphs[0]
+        shown = evidence.get(first_read)
+        how = (
+            f"{shown.status}: {shown.evidence}"
+            if shown
+            else "not probed" + ("" if c.graphs_probed else " (no observation of this path probed its captured graphs)")
+        )
+        reasons.append(
+            f"{len(read_by_graphs)} REBOUND tensor(s) not shown unread by the captured CUDA graphs, which replay "
+            f"the addresses they captured (first: {first_read}, {how})"
+        )
     noisy = sorted({d.tensor for d in c.tensors if d.check == "noise" and d.status is not TensorStatus.OK})
     # Name a wrong value before a moved address, and the refit check before the others.
     ranked = sorted(bad, key=lambda d: (d.status is TensorStatus.REBOUND, JUDGED_CHECKS.index(d.check)))

@@ -21,6 +21,7 @@ from typing import Protocol
 from harness import store
 from harness.checkpoints.prepare import prepare as prepare_checkpoints
 from harness.checkpoints.read import fingerprint, vocab_size
+from harness.device import cuda_available, gpu_count
 from harness.errors import CheckpointError, UsageError
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation, RunRecord
@@ -30,6 +31,7 @@ from harness.orchestrate.reference import ReferenceInputs
 from harness.plan import ArmPlan, PathNeeds, Plan, make_plan
 from harness.records import ArmResult
 from harness.settings import DEFAULT_CACHE
+from harness.spec.kv_cache import kv_cache_bytes
 from harness.spec.prompts import shared_prefix_prompts, text_prompts
 from harness.spec.run import RunSpec
 from harness.tokenizer import own_tokenizer
@@ -129,6 +131,46 @@ def resolve_prompts(spec: RunSpec) -> RunSpec:
     return replace(spec, prompts=replace(spec.prompts, token_ids=shared_prefix_prompts(vocab)))
 
 
+def resolve_engine(spec: RunSpec, model_dir: str) -> RunSpec:
+    """The spec with a KV cache sized from the model's own config where it asks for that
+    (``EngineSpec.kv_cache_memory_bytes`` None): every sequence of ``max_num_seqs`` at
+    ``max_model_len``, with a margin (``harness.spec.kv_cache``)."""
+    if spec.engine.kv_cache_memory_bytes is not None:
+        return spec
+    config_file = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot size the KV cache from {config_file}: {type(exc).__name__}: {exc}") from None
+    e = spec.engine
+    try:
+        size = kv_cache_bytes(config, e.dtype, e.max_model_len, e.max_num_seqs)
+    except ValueError as exc:
+        raise UsageError(f"cannot size the KV cache of {model_dir}: {exc}") from None
+    return replace(spec, engine=replace(e, kv_cache_memory_bytes=size))
+
+
+def unavailable_paths(
+    classes: dict, tensor_parallel_size: int, gpus: int | None, cuda: bool | None = None, packages: bool = True
+) -> dict[str, str]:
+    """Why each path that cannot run here cannot: the path's own reason (no CUDA, a missing
+    package), or, on a machine with ``gpus`` GPUs, more GPUs than it has (its engine's and a
+    transfer trainer's own). ``cuda`` and ``packages`` as in ``ReloadPath.unavailable_reason``."""
+    out = {}
+    for name, cls in classes.items():
+        reason = cls.unavailable_reason(cuda, packages)
+        needed = cls.gpus_needed(tensor_parallel_size)
+        if reason is None and gpus is not None and needed > gpus:
+            reason = (
+                f"{name} needs {needed} GPUs here (TP {tensor_parallel_size}"
+                + (" and a trainer GPU of its own" if needed > tensor_parallel_size else "")
+                + f"); this machine has {gpus} (REFIT_HARNESS_GPUS or nvidia-smi)"
+            )
+        if reason:
+            out[name] = reason
+    return out
+
+
 def first_difference(old, new, where: str = "") -> str | None:
     """The first field where two JSON-like values differ, as ``field: old -> new``."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -192,9 +234,10 @@ def prepare(
     unavailable: dict[str, str] = {}
     if why := unmet(spec.requires_device):  # the engine configuration cannot run on this machine
         unavailable = {p: f"{spec.requires_reason or 'this engine configuration'} ({why})" for p in spec.paths}
-    for p, cls in classes.items():
-        if r := cls.unavailable_reason():
-            unavailable.setdefault(p, r)
+    for p, r in unavailable_paths(
+        classes, spec.engine.tensor_parallel_size, gpu_count() if cuda_available() else None
+    ).items():
+        unavailable.setdefault(p, r)
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
     for p, reason in not_started(spec, cs, needs).items():
         unavailable.setdefault(p, reason)
@@ -207,8 +250,8 @@ def prepare(
             adapters = prepare_adapters(spec.model, spec.lora, spec.lora_target, spec.perturb, spec.sabotage)
         except CheckpointError as exc:
             raise UsageError(str(exc)) from None
-    # The record keeps the spec as asked; the plan carries the resolved prompts.
-    plan = make_plan(resolved, cs, needs, unavailable, adapters)
+    # The record keeps the spec as asked; the plan carries the resolved prompts and KV cache.
+    plan = make_plan(resolve_engine(resolved, cs.a), cs, needs, unavailable, adapters)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
     if reuse_reference and any(a.role == "reference" for a in plan.arms):

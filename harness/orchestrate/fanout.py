@@ -35,6 +35,7 @@ from harness.plan import ArmPlan
 from harness.ray_local import init_local_ray
 from harness.records import ArmResult
 from harness.settings import STAGE_DIR_ENV
+from harness.spec.transfer import arm_gpus
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,16 @@ def restore_signal_handlers() -> None:
     interrupts.install()
 
 
-def arm_resources(arm: ArmPlan, fan: FanoutSpec) -> dict[str, Any]:
+def arm_resources(arm: ArmPlan, fan: FanoutSpec, cuda: bool | None = None) -> dict[str, Any]:
+    """Ray resources of the actor running ``arm``. On CUDA it holds every GPU its engine and a
+    transfer trainer need: the arm starts its own Ray for a Ray engine, and that Ray sees only
+    the arm's GPUs (``harness.spec.transfer``); ``cuda``: None asks this machine."""
     ranks = arm.engine.tensor_parallel_size
     res: dict[str, Any] = {"num_cpus": ranks, "memory": fan.arm_memory_bytes}
     if fan.custom_resources:
         res["resources"] = dict(fan.custom_resources)
-    if cuda_available():
-        res["num_gpus"] = ranks
+    if cuda_available() if cuda is None else cuda:
+        res["num_gpus"] = arm_gpus(ranks, arm.requirements.weight_transfer_backend)
     return res
 
 
@@ -261,16 +265,34 @@ def run_arms(
         concurrent = local_concurrency(fan) if not fan.address else len(arms)
         queue = sorted(arms, key=lambda a: len(a.steps), reverse=True)
         pending: dict[Any, tuple[ArmPlan, Any]] = {}
+        node_gpus = max((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")), default=0.0)
         while queue or pending:
             while queue and len(pending) < concurrent:
                 arm = queue.pop(0)
                 started(arm)
                 store.dump(arm, arm_files(workdir, arm)[0], "arm_plan")
-                actor: Any = actor_cls.options(**arm_resources(arm, fan)).remote()
+                resources = arm_resources(arm, fan)
+                if resources.get("num_gpus", 0) > node_gpus:
+                    # Ray would keep an infeasible actor pending forever, and the run with it.
+                    yield (
+                        arm,
+                        store_error(
+                            arm,
+                            workdir,
+                            f"cannot be placed: the arm needs {resources['num_gpus']:g} GPUs on one node "
+                            f"(engine TP {arm.engine.tensor_parallel_size} and its trainer); the largest node of the "
+                            f"Ray cluster has {node_gpus:g}",
+                            (keys or {}).get(arm.name, ""),
+                        ),
+                    )
+                    continue
+                actor: Any = actor_cls.options(**resources).remote()
                 run = actor.run.remote(
                     arm, env, staged, None if fan.address else workdir, (keys or {}).get(arm.name, "")
                 )
                 pending[run] = (arm, actor)
+            if not pending:
+                continue
             done, _ = ray.wait(list(pending), num_returns=1)
             arm, actor = pending.pop(done[0])
             try:

@@ -93,14 +93,21 @@ class ReloadPath:
         self.prompts = prompts
 
     @classmethod
-    def unavailable_reason(cls) -> str | None:
-        if cuda_available():
+    def unavailable_reason(cls, cuda: bool | None = None, packages: bool = True) -> str | None:
+        """Why the path cannot run here (None: it can). ``cuda``: None asks this machine (the
+        preflight asks for a GPU machine); ``packages``: also check optional packages."""
+        if cuda_available() if cuda is None else cuda:
             return None
         if cls.cpu_skip_reason:
             return cls.cpu_skip_reason
         if cls.device == "cuda":
             return f"{cls.name} needs CUDA; no GPU on this machine (set HARNESS_DEVICE=gpu on a GPU host)"
         return None
+
+    @classmethod
+    def gpus_needed(cls, tensor_parallel_size: int) -> int:
+        """GPUs its subject arm holds on CUDA (a weight-transfer trainer may need one more)."""
+        return tensor_parallel_size
 
     @classmethod
     def known_issue(

@@ -75,17 +75,23 @@ class SleepLevel1(ReloadWeightsFromDirectory):
     device = "cuda"
     cpu_skip_reason = CPU_SLEEP
     requirements = EngineRequirements(enable_sleep_mode=True)
-    sabotage = "sleep(level=1) and wake_up() without the reload"
+    sabotage = (
+        "reload_weights, sleep(level=1), the positive-control tensor's bytes zeroed in the CPU copy wake_up "
+        "restores, wake_up(): a wake-up that restores nothing for that tensor"
+    )
 
     def sabotaged_refit(self, engine, target):
-        engine.call("sleep", level=1)
-        engine.call("wake_up")
+        # The engine is at the target before it sleeps, as in the real refit: only the restore is
+        # broken, so the twin is caught only if an observation after wake_up sees what it restored.
+        self.refit(engine, self.checkpoints.directory(target), target, break_restore=True)
 
-    def refit(self, engine, checkpoint_dir, target):
+    def refit(self, engine, checkpoint_dir, target, break_restore: bool = False):
         # Reload first, so that nothing after wake_up can mask what it failed to restore; a
         # reload_weights PASS beside this path puts a failure on sleep/wake.
         super().refit(engine, checkpoint_dir, target)
         engine.call("sleep", level=1)
+        if break_restore:
+            engine.rpc("refit_harness_zero_sleep_backup", {"names": [self.left_out]})
         engine.call("wake_up")
 
 

@@ -14,70 +14,110 @@ from harness.device import cuda_available
 from harness.paths import reload_path
 from harness.paths.base import ReloadPath
 from harness.spec.requirements import EngineRequirements
-
-
-def gpu_shares(backend: str | None, tensor_parallel_size: int, cuda: bool) -> tuple[float, float]:
-    """GPUs Ray gives the engine actor and the trainer actor. Ray hides CUDA from an actor
-    that requests none, so on CUDA both must ask. CUDA IPC shares device memory between
-    the two, so they split one GPU; the NCCL-style backends give the trainer its own."""
-    if not cuda:
-        return 0.0, 0.0
-    if backend == "ipc" and tensor_parallel_size == 1:
-        return 0.5, 0.5
-    return float(tensor_parallel_size), 1.0
+from harness.spec.transfer import BACKENDS, RAY_NAMESPACE, arm_gpus, layout
 
 
 class WeightTransferPath(ReloadPath):
     backend: ClassVar[str]
-    """vLLM weight-transfer backend name."""
+    """vLLM weight-transfer backend name (``harness.spec.transfer.BACKENDS``)."""
 
     sabotage = "the positive-control tensor left out of the update the trainer sends"
 
     def __init__(self, checkpoints, prompts=None) -> None:
         super().__init__(checkpoints, prompts)
-        self.trainer = None
+        self.trainers: list = []
 
-    def trainer_fields(self, world_size: int) -> dict[str, Any]:
-        """Fields of the backend's TrainerInitInfo (rank 0 is the sender). vLLM's NCCL trainers
-        bind the port they are given themselves, so it can only be picked free beforehand."""
+    @classmethod
+    def unavailable_reason(cls, cuda: bool | None = None, packages: bool = True) -> str | None:
+        reason = super().unavailable_reason(cuda, packages)
+        if reason or not packages:
+            return reason
+        missing = missing_packages(cls.backend)
+        if missing:
+            return (
+                f"{cls.name} needs {', '.join(d for d, _ in missing)} ({'; '.join(w for _, w in missing)}), which "
+                f"vLLM does not install: pip install 'refit-harness[gpu-full]'"
+            )
+        return None
+
+    @classmethod
+    def gpus_needed(cls, tensor_parallel_size: int) -> int:
+        return arm_gpus(tensor_parallel_size, cls.backend)
+
+    def trainer_fields(self, world_size: int, rank: int = 0) -> dict[str, Any]:
+        """Fields of the backend's TrainerInitInfo for trainer ``rank`` (rank 0 is the sender).
+        vLLM's NCCL trainers bind the port they are given themselves, so it can only be picked
+        free beforehand."""
         from harness.loopback import free_port
 
-        return {"rank": 0, "master_address": "127.0.0.1", "master_port": free_port(), "world_size": world_size}
+        return {"rank": rank, "master_address": "127.0.0.1", "master_port": free_port(), "world_size": world_size}
 
     def refit(self, engine, checkpoint_dir, target, exclude: tuple[str, ...] = ()):
         import ray
 
-        if self.trainer is None:
-            self.trainer = self._connect(engine)
-        ray.get(self.trainer.send.remote(checkpoint_dir, exclude))
+        if not self.trainers:
+            self.trainers = self._connect(engine)
+        ray.get([t.send.remote(checkpoint_dir, exclude) for t in self.trainers])
 
     def sabotaged_refit(self, engine, target):
         self.refit(engine, self.checkpoints.directory(target), target, exclude=(self.left_out,))
 
-    def _connect(self, engine):
+    def _connect(self, engine) -> list:
+        """Start the trainer ranks where the layout puts them, and rendezvous with the engine."""
         import ray
 
+        from harness.arm.placement import trainer_actor_options, wait_placed
         from harness.arm.transfer import TrainerActor
+        from harness.loopback import HOST, free_port
 
         ranks = len(engine.rpc("refit_harness_ping"))
-        fields = self.trainer_fields(1 + ranks)
-        _, gpus = gpu_shares(self.backend, ranks, cuda_available())
-        # Segments start at A; a sparse trainer diffs against what the engine holds.
-        trainer = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerActor).remote(
-            engine.actor, fields, self.backend, self.checkpoints.a
-        )
-        ray.get(trainer.connect.remote())
-        return trainer
+        placed = layout(self.backend, ranks, cuda_available())
+        world = 1 + ranks  # the NCCL-style groups: trainer rank 0, then the workers
+        actor_cls = ray.remote(TrainerActor)
+        trainers = []
+        try:
+            for slot in placed.trainers:
+                # Segments start at A; a sparse trainer diffs against what the engine holds.
+                fields = self.trainer_fields(world, slot.rank)
+                actor = actor_cls.options(
+                    **trainer_actor_options(slot, getattr(engine, "placement_group", None))
+                ).remote(engine.actor, fields, self.backend, self.checkpoints.a)
+                trainers.append(actor)
+                wait_placed(ray, actor, f"{self.name}: trainer rank {slot.rank}", slot.gpus)
+            if len(trainers) > 1:
+                port = free_port()
+                ray.get([t.join_group.remote(HOST, port, i, len(trainers)) for i, t in enumerate(trainers)])
+            ray.get([t.connect.remote() for t in trainers])
+        except BaseException:
+            for t in trainers:
+                ray.kill(t)
+            raise
+        return trainers
 
     def close(self) -> None:
-        if self.trainer is not None:
+        if self.trainers:
             import ray
 
             try:
-                ray.get(self.trainer.shutdown.remote(), timeout=30)
+                ray.get([t.shutdown.remote() for t in self.trainers], timeout=30)
             finally:
-                ray.kill(self.trainer)
-                self.trainer = None
+                for t in self.trainers:
+                    ray.kill(t)
+                self.trainers = []
+
+
+def missing_packages(backend: str) -> list[tuple[str, str]]:
+    """The backend's packages vLLM does not install that are missing here (looked up by
+    distribution name, without importing them)."""
+    import importlib.metadata
+
+    missing = []
+    for dist, why in BACKENDS[backend].packages:
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append((dist, why))
+    return missing
 
 
 def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[WeightTransferPath]:
@@ -91,7 +131,7 @@ def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[Weigh
         "exercises": f"weight transfer, backend '{backend}': {what}",
     }
     if fields is not None:
-        attrs["trainer_fields"] = lambda self, world_size: fields(world_size)
+        attrs["trainer_fields"] = lambda self, world_size, rank=0: fields(world_size, rank)
     return reload_path(
         type("Transfer" + "".join(w.capitalize() for w in backend.split("_")), (WeightTransferPath,), attrs)
     )
@@ -105,7 +145,12 @@ TransferGloo = _transfer(
         "lifecycle: start_weight_update -> update_weights -> model.load_weights -> finish_weight_update"
     ),
     # Port 0: the trainer binds first and hands the kernel-picked port to the workers.
-    fields=lambda world_size: {"rank": 0, "master_address": "127.0.0.1", "master_port": 0, "world_size": world_size},
+    fields=lambda world_size, rank: {
+        "rank": rank,
+        "master_address": "127.0.0.1",
+        "master_port": 0,
+        "world_size": world_size,
+    },
 )
 TransferNccl = _transfer("nccl", cuda=True, what="dense NCCL broadcast from the trainer, layerwise reload on receive")
 TransferSparseNccl = _transfer(
@@ -113,11 +158,19 @@ TransferSparseNccl = _transfer(
 )
 TransferNcclM2n = _transfer("nccl_m2n", cuda=True, what="M-to-N resharding over NCCL")
 TransferIpc = _transfer(
-    "ipc", cuda=True, what="CUDA IPC handles to a colocated trainer's tensors", fields=lambda world_size: {"rank": 0}
+    "ipc",
+    cuda=True,
+    what="CUDA IPC handles to the tensors of a trainer rank colocated on each worker's GPU",
+    fields=lambda world_size, rank: {"rank": rank},
 )
 TransferShardedRdt = _transfer(
     "sharded_rdt",
     cuda=True,
     what="consumers pull sharded tensors over Ray direct transport",
-    fields=lambda world_size: {"rank": 0, "num_consumers": world_size - 1},
+    # The workers find the trainer's serve actor by name, in the namespace of the arm's Ray.
+    fields=lambda world_size, rank: {
+        "rank": rank,
+        "num_consumers": world_size - 1,
+        "trainer_actor_namespace": RAY_NAMESPACE,
+    },
 )

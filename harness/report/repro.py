@@ -122,8 +122,8 @@ def repro_script(ev: Evaluation) -> str | None:
         return None
     verdict = failed[0]
     extra, refit = REFITS[verdict.path]
-    e = record.spec.engine
     prompts = record.plan.arms[0].prompts  # as the arms ran them: resolved from the model's vocabulary
+    e = record.plan.arms[0].engine  # as the arms ran it too: a KV cache sized from the model's config
     engine = dict(
         skip_tokenizer_init=True,
         dtype=e.dtype,

@@ -29,8 +29,10 @@ class EngineSpec:
     """``eager`` (``enforce_eager=True``) or ``compiled`` (torch.compile; CUDA graphs on GPU)."""
     tensor_parallel_size: int = 1
     """Ranks per engine."""
-    kv_cache_memory_bytes: int = 64 << 20
-    """KV cache size; small so that many arms fit on a laptop-sized machine."""
+    kv_cache_memory_bytes: int | None = 64 << 20
+    """KV cache size; small so that many arms fit on a laptop-sized machine. None: sized from
+    the model's config when the run is prepared, for ``max_num_seqs`` sequences of
+    ``max_model_len`` with a margin (``harness.spec.kv_cache``), as a real model needs."""
     max_model_len: int = 512
     """Longest sequence an arm serves (the default prompts are ~280 tokens)."""
     max_num_seqs: int = 8

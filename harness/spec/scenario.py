@@ -90,6 +90,9 @@ class ScenarioSpec:
     engine_configs: tuple[EngineConfig, ...] = (EngineConfig(),)
     """vLLM engine configurations, one cell group each per model (a configuration x path grid);
     the default is vLLM's own defaults under the harness's settings. Labels must be unique."""
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    """The engine settings of every cell; each cell sets its own mode, TP size and dtype in it
+    (and ``engine_core_process`` from above)."""
     device: Device = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
@@ -142,7 +145,8 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                             model=m.path or "",
                             target=s.target,
                             paths=paths,
-                            engine=EngineSpec(
+                            engine=replace(
+                                s.engine,
                                 mode=mode,
                                 tensor_parallel_size=tp,
                                 dtype=dtype,

@@ -152,6 +152,80 @@ class RefitObserver:
             )
         )
 
+    def refit_harness_zero_sleep_backup(self, names: list[str]) -> int:
+        """While asleep at level 1: zero the named parameters' bytes in the CPU copies
+        ``wake_up`` will restore (``harness.worker.sleep_backup``); the bytes zeroed."""
+        from vllm.device_allocator.cumem import CuMemAllocator
+
+        from harness.worker.sleep_backup import zero_in_backups
+
+        model = self.get_model()
+        mapped = _vllm_names(model, names)
+        backups = CuMemAllocator.get_instance().pointer_to_data
+        zeroed = 0
+        for name in names:
+            try:
+                param = model.get_parameter(mapped.get(name, name))
+            except AttributeError:
+                raise LookupError(f"{name} is not a parameter of the model: its sleep backup cannot be found") from None
+            where = f"{name} ({param.data_ptr():#x}, {param.numel() * param.element_size()} bytes)"
+            try:
+                zeroed += zero_in_backups(backups, param.data_ptr(), param.numel() * param.element_size())
+            except LookupError as exc:
+                raise LookupError(f"{where}: {exc}") from None
+        return zeroed
+
+    # ---- reads of moved storage by captured graphs (harness.worker.graph_reads) ------
+
+    def _refit_harness_named_tensors(self) -> dict[str, Any]:
+        model = self.get_model()
+        return {e.name: e.tensor for e in walk_model(model, self._refit_harness_kv_storages()) if e.kind != "kernel"}
+
+    def refit_harness_hold_tensors(self) -> int:
+        """Before a refit: hold every census tensor, so a moved one's old storage stays as it was."""
+        from harness.worker.graph_reads import hold
+
+        self._refit_harness_held = hold(self._refit_harness_named_tensors().items())
+        return len(self._refit_harness_held)
+
+    def refit_harness_moved_tensors(self) -> dict[str, Any]:
+        """After a refit: the held tensors whose address moved, those whose old address a captured
+        graph recorded as an input, the ones that cannot be poisoned (with why), and how many
+        graphs are captured."""
+        from harness.worker.graph_reads import captured_input_addresses, moved, poison_plan
+
+        held = getattr(self, "_refit_harness_held", None)
+        if held is None:
+            return {"rank": int(getattr(self, "rank", 0)), "held": False}
+        now = self._refit_harness_named_tensors()
+        names = moved(held, now)
+        addresses, graphs = captured_input_addresses()
+        captured = [n for n in names if held[n].data_ptr() in addresses]
+        poisonable, refused = poison_plan(held, [n for n in names if n not in captured], now.values())
+        return {
+            "rank": int(getattr(self, "rank", 0)),
+            "held": True,
+            "graphs": graphs,
+            "moved": names,
+            "captured": captured,
+            "poisonable": poisonable,
+            "refused": refused,
+        }
+
+    def refit_harness_flip_held(self, names: list[str]) -> None:
+        """Flip every bit of the named held tensors' old bytes (twice restores them)."""
+        from harness.worker.graph_reads import flip
+
+        held = self._refit_harness_held
+        flip(held, [n for n in names if n in held])
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def refit_harness_release_held(self) -> None:
+        self._refit_harness_held = None
+
     # ---- post-load hook census ------------------------------------------------------
 
     def _refit_harness_watch_hooks(self, model) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from harness.paths import PATHS
-from harness.paths.weight_transfer import WeightTransferPath, gpu_shares
+from harness.paths.weight_transfer import WeightTransferPath
 from harness.spec.checkpoint_set import CheckpointSet
 
 CUDA_BACKENDS = ("nccl", "ipc", "sparse_nccl", "sharded_rdt", "nccl_m2n")
@@ -74,12 +74,6 @@ def test_sparse_patches_are_vllms_own_and_skip_left_out_tensors(tmp_path):
     left_out = sparse_patches(held, CheckpointSource(tmp_path / "b", exclude=("n",)))
     assert [p.name for p in left_out] == ["w"]
     assert [m.name for m in CheckpointSource(tmp_path / "b", exclude=("n",)).metadata()] == ["w"]
-
-
-def test_ray_actors_ask_for_gpus_on_cuda_and_ipc_shares_one():
-    assert gpu_shares("nccl", 2, cuda=True) == (2.0, 1.0)
-    assert gpu_shares("ipc", 1, cuda=True) == (0.5, 0.5)  # colocated: both see the same device
-    assert gpu_shares("gloo", 1, cuda=False) == (0.0, 0.0)
 
 
 def test_cuda_backends_hand_over_cuda_tensors():
