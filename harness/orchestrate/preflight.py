@@ -51,7 +51,9 @@ def scenario_request(scenario, gpus: tuple[int, ...], model: str | None = None) 
     from harness.checkpoints.standin import standin
     from harness.spec.scenario import expand
 
-    cells, notes, made = [], [], {}
+    cells: list[PreflightCell] = []
+    notes: list[str] = []
+    made: dict[tuple[str, str], tuple] = {}
     for group in expand(scenario):
         source = model or group.model.path or ""
         key = (source, group.spec.engine.dtype)
