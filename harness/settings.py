@@ -34,6 +34,8 @@ NIGHTLY_ATTENTION_ENV = "REFIT_HARNESS_NIGHTLY_ATTENTION"
 GPUS_ENV = "REFIT_HARNESS_GPUS"
 """How many GPUs the planner takes this machine to have (default: ``nvidia-smi -L``); a cell
 that needs more (a transfer trainer's own GPU beside the engine's) is SKIPPED with the reason."""
+PREFLIGHT_ENV = "REFIT_HARNESS_PREFLIGHT"
+"""``0`` skips the preflight a GPU run starts with (``refit-harness preflight`` runs it on its own)."""
 SCREENSHOTS_ENV = "REFIT_HARNESS_SCREENSHOTS"
 """Where the browser test saves its screenshots (CI artifacts)."""
 

@@ -30,7 +30,7 @@ from harness.orchestrate.fanout import FanoutSpec
 from harness.orchestrate.reference import ReferenceInputs
 from harness.plan import ArmPlan, PathNeeds, Plan, make_plan
 from harness.records import ArmResult
-from harness.settings import DEFAULT_CACHE
+from harness.settings import DEFAULT_CACHE, PREFLIGHT_ENV
 from harness.spec.kv_cache import kv_cache_bytes
 from harness.spec.prompts import shared_prefix_prompts, text_prompts
 from harness.spec.run import RunSpec
@@ -150,6 +150,30 @@ def resolve_engine(spec: RunSpec, model_dir: str) -> RunSpec:
     return replace(spec, engine=replace(e, kv_cache_memory_bytes=size))
 
 
+def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress) -> None:
+    """The preflight of this run's own arms, on this machine's GPU count, before any engine
+    starts on a GPU (``harness.orchestrate.preflight``); its findings go to
+    ``preflight.json``. A problem is exit 2: the arm would crash or hang."""
+    from harness.orchestrate import preflight
+    from harness.paths import PATHS
+    from harness.plan import PreflightRequest
+
+    gpus = gpu_count()
+    needed = max(PATHS.get(p).gpus_needed(spec.engine.tensor_parallel_size) for p in spec.paths)
+    cells = preflight.plan_cells("run", spec, cs, (gpus or needed,), resolve=spec)
+    progress(f"preflight: engine args, KV cache, trainers and Ray placement on {gpus or needed} GPU(s)")
+    findings = preflight.run(PreflightRequest(scenario="run", cells=cells), spec.build.python if spec.build else None)
+    store.dump(findings, out / "preflight.json", "preflight_findings")
+    problems = preflight.problems(findings)
+    for f in problems:
+        progress(f.line())
+    if problems:
+        raise UsageError(
+            f"the preflight found {len(problems)} problem(s) before any engine started (first: {problems[0].line()}); "
+            f"see {out / 'preflight.json'}"
+        )
+
+
 def unavailable_paths(
     classes: dict, tensor_parallel_size: int, gpus: int | None, cuda: bool | None = None, packages: bool = True
 ) -> dict[str, str]:
@@ -251,7 +275,10 @@ def prepare(
         except CheckpointError as exc:
             raise UsageError(str(exc)) from None
     # The record keeps the spec as asked; the plan carries the resolved prompts and KV cache.
-    plan = make_plan(resolve_engine(resolved, cs.a), cs, needs, unavailable, adapters)
+    ready = resolve_engine(resolved, cs.a)
+    plan = make_plan(ready, cs, needs, unavailable, adapters)
+    if plan.arms and cuda_available() and os.environ.get(PREFLIGHT_ENV, "1") != "0":
+        preflight_run(ready, cs, out, progress)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
     if reuse_reference and any(a.role == "reference" for a in plan.arms):
