@@ -132,6 +132,11 @@ def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[Weigh
     }
     if fields is not None:
         attrs["trainer_fields"] = lambda self, world_size, rank=0: fields(world_size, rank)
+    if BACKENDS[backend].fixed_metadata:
+        attrs["sabotage"] = (
+            "the positive-control tensor sent with the value the engine already holds (this trainer fixes its "
+            "tensor list at init, so a round cannot leave one out)"
+        )
     return reload_path(
         type("Transfer" + "".join(w.capitalize() for w in backend.split("_")), (WeightTransferPath,), attrs)
     )

@@ -81,3 +81,37 @@ def test_cuda_backends_hand_over_cuda_tensors():
 
     assert {b: source_device(b) for b in CUDA_BACKENDS} == dict.fromkeys(CUDA_BACKENDS, "cuda")
     assert source_device("gloo") == "cpu"
+
+
+def test_sources_follow_each_backends_order_type_and_sabotage(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+    from vllm.distributed.weight_transfer.base import layerwise_groups
+    from vllm.distributed.weight_transfer.m2n_common import REPLICATED
+    from vllm.distributed.weight_transfer.m2n_source import M2NWeightSource
+
+    from harness.arm.transfer import checkpoint_source, trainer_source
+
+    names = ["model.embed_tokens.weight", "model.norm.weight"] + [f"model.layers.{i}.w" for i in (0, 1, 2, 10, 11)]
+    for label, value in (("a", 0.0), ("b", 1.0)):
+        (tmp_path / label).mkdir()
+        save_file({n: torch.full((2,), value) for n in names}, str(tmp_path / label / "model.safetensors"))
+    rdt = checkpoint_source("sharded_rdt", tmp_path / "b", device="cpu")
+    order = [m.name for m in rdt.metadata()]
+    assert order == [n for g in layerwise_groups(order) for n in g] and order.index("model.layers.2.w") < order.index(
+        "model.layers.10.w"
+    )
+    assert [n for n, _ in rdt] == order  # iteration agrees with metadata, element for element
+    m2n = checkpoint_source("nccl_m2n", tmp_path / "b", device="cpu")
+    assert isinstance(m2n, M2NWeightSource) and m2n.mesh().dims == (1, 1)
+    assert {m.placements for m in m2n.metadata()} == {REPLICATED}
+    sabotaged = dict(
+        checkpoint_source(
+            "nccl_m2n", tmp_path / "b", device="cpu", substitute={"model.norm.weight": str(tmp_path / "a")}
+        )
+    )
+    assert sabotaged["model.norm.weight"].tolist() == [0.0, 0.0] and sabotaged["model.layers.0.w"].tolist() == [
+        1.0,
+        1.0,
+    ]
+    assert trainer_source("sparse_nccl", tmp_path / "b") is None
