@@ -30,13 +30,20 @@ def engine_placement_group(ray, layout: TransferLayout, timeout_s: float = PLACE
     from ray.util.placement_group import placement_group
 
     pg = placement_group([{"GPU": 1.0} for _ in range(layout.bundles)], strategy="STRICT_PACK")
-    if not pg.wait(timeout_s):
+    if not group_ready(ray, pg, timeout_s):
         ray.util.remove_placement_group(pg)
         raise PlacementError(
             f"{layout.backend}: the engine's placement group ({layout.bundles} one-GPU bundles) could not be "
             f"placed in {timeout_s:.0f} s; {_have(ray)}"
         )
     return pg
+
+
+def group_ready(ray, pg, timeout_s: float) -> bool:
+    """Whether a placement group is placed within ``timeout_s`` (at once when it can be;
+    ``PlacementGroup.wait`` polls once a second)."""
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    return bool(ready)
 
 
 def engine_actor_options(layout: TransferLayout, pg) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from harness.arm.placement import (
     PlacementError,
     engine_actor_options,
     engine_placement_group,
+    group_ready,
     trainer_actor_options,
     worker_actor_options,
 )
@@ -398,7 +399,7 @@ def leaving_free(ray, total: int, free: float, timeout_s: float) -> Iterator[Non
 
     held = total - free
     pg = placement_group([{"GPU": float(held)}], strategy="STRICT_PACK") if held > 0 else None
-    if pg is not None and not pg.wait(timeout_s):
+    if pg is not None and not group_ready(ray, pg, timeout_s):
         raise RuntimeError(f"the preflight's own Ray could not hold {held:g} of its {total} GPUs")
     try:
         yield
@@ -414,7 +415,7 @@ def fits(ray, gpus: float, timeout_s: float) -> bool:
 
     pg = placement_group([{"GPU": float(gpus)}], strategy="STRICT_PACK")
     try:
-        return pg.wait(timeout_s)
+        return group_ready(ray, pg, timeout_s)
     finally:
         remove_placement_group(pg)
 
