@@ -261,7 +261,7 @@ class RayEngine(EngineBase):
                 namespace=RAY_NAMESPACE,
                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
             )
-        from harness.arm.placement import engine_actor_options, engine_placement_group, wait_placed
+        from harness.arm.placement import engine_actor_options, engine_placement_group
 
         self._ray = ray
         self.placement_group = None
@@ -274,9 +274,6 @@ class RayEngine(EngineBase):
             ray.remote(LLM)
             .options(**engine_actor_options(placed, self.placement_group))
             .remote(**_llm_kwargs(arm, overrides))
-        )
-        wait_placed(
-            ray, self.actor, f"the LLM actor ({placed.backend}, TP {placed.tensor_parallel_size})", placed.engine_gpus
         )
         self.rpc("refit_harness_ping")  # surface start-up errors here, not at the first refit
 

@@ -3,8 +3,11 @@
 the preflight (``harness.arm.preflight``), which places stand-in actors with the very same
 options on a Ray told it has N GPUs.
 
-Nothing here waits forever: an actor or placement group Ray cannot place is an error naming
-what it asked for and what the arm's Ray has, not an arm that hangs until its timeout.
+Nothing here waits forever: a placement group or a trainer rank Ray cannot place is an error
+naming what it asked for and what the arm's Ray has, not an arm that hangs until its timeout.
+(The ``LLM`` actor is not waited on this way: its constructor, which ``__ray_ready__`` waits
+for, loads and compiles the model for minutes. Its GPUs are the arm's own, sized for it, or a
+placement group placed first.)
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any
 from harness.spec.transfer import TrainerSlot, TransferLayout
 
 PLACEMENT_TIMEOUT_S = 120.0
-"""How long an actor or placement group may wait for Ray to place it before the arm fails."""
+"""How long a placement group may wait for Ray to place it before the arm fails."""
+TRAINER_START_TIMEOUT_S = 300.0
+"""How long a trainer rank may take to be placed and constructed (it imports vLLM)."""
 
 
 class PlacementError(RuntimeError):
@@ -91,13 +96,14 @@ def trainer_actor_options(slot: TrainerSlot, pg) -> dict[str, Any]:
     return options
 
 
-def wait_placed(ray, actor, what: str, gpus: float, timeout_s: float = PLACEMENT_TIMEOUT_S) -> None:
-    """Return once Ray has started ``actor``; raise ``PlacementError`` if it cannot be placed."""
+def wait_placed(ray, actor, what: str, gpus: float, timeout_s: float = TRAINER_START_TIMEOUT_S) -> None:
+    """Return once Ray has placed ``actor`` and run its constructor; raise ``PlacementError``
+    if that has not happened within ``timeout_s``."""
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         raise PlacementError(
-            f"{what} (asks {gpus:g} GPU) could not be placed in {timeout_s:.0f} s; {_have(ray)}"
+            f"{what} (asks {gpus:g} GPU) was not placed and started in {timeout_s:.0f} s; {_have(ray)}"
         ) from None
 
 
