@@ -81,7 +81,7 @@ class RecordingClient:
         pass
 
 
-SENDS_INIT_BEFORE_TRANSPORT = frozenset({"nccl", "sparse_nccl", "nccl_m2n", "ipc"})
+SENDS_INIT_BEFORE_TRANSPORT = frozenset({"gloo", "nccl", "sparse_nccl", "nccl_m2n", "ipc"})
 """Backends whose sender asks the workers to init before its first transport call (the
 sharded-RDT trainer spawns its serve actors first, so its handshake is past the stop)."""
 
@@ -108,6 +108,8 @@ def transport_stops(backend: str, rank: int) -> list[tuple[str, dict[str, Any]]]
         "sharded_rdt": [
             (W + "sharded_rdt_trainer.ShardedRDTTrainerWeightTransferEngine._spawn_server", {"side_effect": _stop})
         ],
+        # The harness's CPU twin: its trainer binds its store, asks the workers to join, then joins.
+        "gloo": [("harness.arm.transfer._gloo_group", {"side_effect": _stop})],
     }.get(backend, [])
 
 
@@ -165,7 +167,10 @@ def check_attention(arm: ArmPlan, cfg, capability: tuple[int, int], where: str) 
     import torch
     from vllm.platforms.interface import DeviceCapability
 
-    cls = attention_backend(arm.engine.vllm_kwargs().get("attention_backend"))
+    pinned = arm.engine.vllm_kwargs().get("attention_backend")
+    if not pinned:
+        return [Finding("ok", where, "attention", "no backend pinned: vLLM chooses one for the cell's dtype")]
+    cls = attention_backend(pinned)
     mc = cfg.model_config
     reasons = cls.validate_configuration(
         head_size=mc.get_head_size(),
