@@ -34,6 +34,9 @@ NIGHTLY_ATTENTION_ENV = "REFIT_HARNESS_NIGHTLY_ATTENTION"
 GPUS_ENV = "REFIT_HARNESS_GPUS"
 """How many GPUs the planner takes this machine to have (default: ``nvidia-smi -L``); a cell
 that needs more (a transfer trainer's own GPU beside the engine's) is SKIPPED with the reason."""
+PROBE_GRAPHS_ENV = "REFIT_HARNESS_PROBE_GRAPHS"
+"""``1`` runs the CUDA-graph read probe in every compiled arm, on the CPU too (where nothing is
+captured, so it shows whether anything still reads a moved tensor's old storage)."""
 PREFLIGHT_ENV = "REFIT_HARNESS_PREFLIGHT"
 """``0`` skips the preflight a GPU run starts with (``refit-harness preflight`` runs it on its own)."""
 SCREENSHOTS_ENV = "REFIT_HARNESS_SCREENSHOTS"

@@ -98,12 +98,13 @@ def graph_prompts(arm: ArmPlan, max_tokens: int = 4) -> PromptSpec:
 
 
 def graphs_active(arm: ArmPlan) -> bool:
-    """Whether the arm's engine captures CUDA graphs: compiled, on a GPU, one engine throughout."""
+    """Whether the arm's engine captures CUDA graphs: compiled, on a GPU (or
+    ``REFIT_HARNESS_PROBE_GRAPHS=1``), one engine throughout."""
     from harness.device import cuda_available
+    from harness.settings import PROBE_GRAPHS_ENV
 
-    return (
-        cuda_available() and (arm.requirements.mode or arm.engine.mode) == "compiled" and not arm.requirements.restarts
-    )
+    on = cuda_available() or os.environ.get(PROBE_GRAPHS_ENV) == "1"
+    return on and (arm.requirements.mode or arm.engine.mode) == "compiled" and not arm.requirements.restarts
 
 
 GRAPH_PROBE_BISECT = 8

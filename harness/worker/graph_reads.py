@@ -67,15 +67,20 @@ def poison_plan(
     """Which of ``names`` can be poisoned at their old storage without touching a live tensor,
     and why each of the others cannot."""
     spans = sorted(_span(t) for t in live if t.device.type != "meta" and t.numel())
-    ok, refused = [], {}
+    ok: list[str] = []
+    refused: dict[str, str] = {}
     for name in names:
         t = held[name]
+        lo, hi = _span(t)
+        shared = next((other for other in ok if lo < _span(held[other])[1] and _span(held[other])[0] < hi), None)
         if t.dtype not in POISONABLE:
             refused[name] = f"{str(t.dtype).removeprefix('torch.')}: not poisoned (an index could fault the device)"
         elif not t.is_contiguous():
             refused[name] = "not contiguous: its old bytes cannot be poisoned alone"
-        elif any(lo < _span(t)[1] and _span(t)[0] < hi for lo, hi in spans):
+        elif any(a < hi and lo < b for a, b in spans):
             refused[name] = "its old bytes overlap a live tensor"
+        elif shared is not None:  # flipped twice with it, the bytes would be back as they were
+            refused[name] = f"its old bytes overlap those of {shared}, which is poisoned instead"
         else:
             ok.append(name)
     return ok, refused

@@ -163,3 +163,13 @@ def test_flipping_twice_restores_the_bytes(dtype):
     assert not torch.equal(t.view(torch.uint8), before.view(torch.uint8))
     flip({"t": t}, ["t"])
     assert torch.equal(t.view(torch.uint8), before.view(torch.uint8))
+
+
+def test_old_bytes_shared_by_two_moved_tensors_are_poisoned_once():
+    from harness.worker.graph_reads import poison_plan
+
+    old = torch.zeros(8)
+    held = {"a": old[:4], "b": old[2:6], "c": torch.zeros(4), "i": torch.zeros(4, dtype=torch.int32)}
+    ok, refused = poison_plan(held, ["a", "b", "c", "i"], live=[torch.ones(4)])
+    assert ok == ["a", "c"] and "overlap those of a" in refused["b"] and "int32" in refused["i"]
+    assert "overlap a live tensor" in poison_plan(held, ["c"], live=[held["c"]])[1]["c"]
