@@ -150,7 +150,7 @@ def resolve_engine(spec: RunSpec, model_dir: str) -> RunSpec:
     return replace(spec, engine=replace(e, kv_cache_memory_bytes=size))
 
 
-def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress) -> None:
+def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress, adapters=None) -> None:
     """The preflight of this run's own arms, on this machine's GPU count, before any engine
     starts on a GPU (``harness.orchestrate.preflight``); its findings go to
     ``preflight.json``. A problem is exit 2: the arm would crash or hang."""
@@ -160,7 +160,7 @@ def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress) -> None:
 
     gpus = gpu_count()
     needed = max(PATHS.get(p).gpus_needed(spec.engine.tensor_parallel_size) for p in spec.paths)
-    cells = preflight.plan_cells("run", spec, cs, (gpus or needed,), resolve=spec)
+    cells = preflight.plan_cells("run", spec, cs, (gpus or needed,), resolve=spec, adapters=adapters)
     progress(f"preflight: engine args, KV cache, trainers and Ray placement on {gpus or needed} GPU(s)")
     findings = preflight.run(PreflightRequest(scenario="run", cells=cells), spec.build.python if spec.build else None)
     store.dump(findings, out / "preflight.json", "preflight_findings")
@@ -278,7 +278,7 @@ def prepare(
     ready = resolve_engine(resolved, cs.a)
     plan = make_plan(ready, cs, needs, unavailable, adapters)
     if plan.arms and cuda_available() and os.environ.get(PREFLIGHT_ENV, "1") != "0":
-        preflight_run(ready, cs, out, progress)
+        preflight_run(ready, cs, out, progress, adapters)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
     if reuse_reference and any(a.role == "reference" for a in plan.arms):

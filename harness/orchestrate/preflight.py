@@ -22,10 +22,11 @@ PREFLIGHT_TIMEOUT_S = 900.0
 
 
 def plan_cells(
-    cell_id: str, spec: RunSpec, checkpoints, gpus: tuple[int, ...], resolve=None
+    cell_id: str, spec: RunSpec, checkpoints, gpus: tuple[int, ...], resolve=None, adapters=None
 ) -> tuple[PreflightCell, ...]:
     """One ``PreflightCell`` per GPU count: the cell's arms as the planner makes them on a
-    machine of that many GPUs, and the paths it would SKIP there, with the reason."""
+    machine of that many GPUs, and the paths it would SKIP there, with the reason. LoRA paths
+    get ``adapters``, or the harness's own adapters for the checkpoint (made from its headers)."""
     from harness.orchestrate.execute import resolve_engine, resolve_prompts, unavailable_paths
     from harness.orchestrate.fanout import FanoutSpec, arm_resources
     from harness.paths import PATHS
@@ -33,10 +34,14 @@ def plan_cells(
     classes = {p: PATHS.get(p) for p in spec.paths}
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
     resolved = resolve_engine(resolve_prompts(spec), checkpoints.a) if resolve is None else resolve
+    if adapters is None and any(cls.requirements.lora for cls in classes.values()):
+        from harness.checkpoints.lora import prepare_adapters
+
+        adapters = prepare_adapters(checkpoints.a, spec.lora, spec.lora_target, spec.perturb, False)
     cells = []
     for n in gpus:
         unavailable = unavailable_paths(classes, spec.engine.tensor_parallel_size, n, cuda=True, packages=False)
-        plan = make_plan(resolved, checkpoints, needs, unavailable)
+        plan = make_plan(resolved, checkpoints, needs, unavailable, adapters)
         arms = tuple(
             PreflightArm(arm, float(arm_resources(arm, FanoutSpec(), cuda=True).get("num_gpus", 0)))
             for arm in plan.arms

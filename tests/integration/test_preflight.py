@@ -58,10 +58,12 @@ def test_a_gpu_run_starts_with_the_preflight_and_stops_at_a_problem(tmp_path):
     from harness.checkpoints.standin import standin
     from harness.errors import UsageError
     from harness.orchestrate.execute import preflight_run
+    from harness.spec.engine_config import encode
     from harness.spec.run import EngineSpec, RunSpec
 
     cs, _ = standin("Qwen/Qwen3-0.6B", "float32")
-    old = RunSpec(model=cs.a, paths=("reload_weights",), engine=EngineSpec(attention_backend="FLASH_ATTN"))
+    pinned = EngineSpec(engine_args=encode({"attention_backend": "FLASH_ATTN"}))
+    old = RunSpec(model=cs.a, paths=("reload_weights",), engine=pinned)
     with pytest.raises(UsageError, match="problem"):
         preflight_run(old, cs, tmp_path, lambda line: None)  # fp32, 64 MiB: what the nightly had
     assert "kv-cache" in (tmp_path / "preflight.json").read_text()
