@@ -276,7 +276,12 @@ def patched_key(base_python: Path, facts: dict[str, str], patches) -> str:
 
 
 def create_patched_build(
-    base_python: str | Path, patches, cache: Path = DEFAULT_CACHE, log=print, base_spec: str = ""
+    base_python: str | Path,
+    patches,
+    cache: Path = DEFAULT_CACHE,
+    log=print,
+    base_spec: str = "",
+    base_facts: dict[str, str] | None = None,
 ) -> Path:
     """A build whose vLLM is ``base_python``'s with ``patches`` applied; returns its ``bin/python``.
 
@@ -294,7 +299,7 @@ def create_patched_build(
     if not patches:
         raise BuildError("a patched build needs at least one --patch")
     base = interpreter(base_python)
-    facts = describe(BuildSpec("base", str(base)), cache)
+    facts = base_facts or describe(BuildSpec("base", str(base)), cache)  # given: the caller described it
     if facts.get("vllm_patches"):
         raise BuildError(f"{base} is itself a patched build; patch its base instead, with every patch")
     source = Path(facts["vllm_path"])

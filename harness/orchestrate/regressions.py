@@ -238,7 +238,9 @@ def run_regressions(
         started = time.monotonic()
         patches = tuple(read_patch(p) for p in e.patch_files())
         python = (
-            create_patched_build(base_python, patches, log=progress, base_spec=f"stock {base_facts['vllm']}")
+            create_patched_build(
+                base_python, patches, log=progress, base_spec=f"stock {base_facts['vllm']}", base_facts=base_facts
+            )
             if patches
             else None
         )
