@@ -116,7 +116,7 @@ def resolve_model(model: str) -> str:
 
 def evidence_of(ev: Evaluation, path: str) -> tuple[dict[str, list[str]], str]:
     """Evidence kinds present in a path's refit checks (each with what it names), and the verdict."""
-    from harness.judge.verdict import FAILING, JUDGED_CHECKS, _token_reasons
+    from harness.judge.verdict import FAILING_STATUSES, JUDGED_CHECKS, _token_reasons
 
     verdict = next(v for v in ev.verdicts if v.path == path)
     comp = next((c for c in ev.comparisons if c.path == path), None)
@@ -125,12 +125,12 @@ def evidence_of(ev: Evaluation, path: str) -> tuple[dict[str, list[str]], str]:
         tensors = [
             f"{d.tensor} ({d.status.value}, {d.check})"
             for d in comp.tensors
-            if d.check in JUDGED_CHECKS and d.status in FAILING
+            if d.check in JUDGED_CHECKS and d.status in FAILING_STATUSES
         ]
         kernel = [
             f"op #{d.op_index} {d.op} (arg {d.arg}) in {d.module} reads {d.tensor} ({d.status.value})"
             for d in comp.consumed
-            if d.status in FAILING
+            if d.status in FAILING_STATUSES
         ]
         reasons = _token_reasons(comp.tokens, ev.record.spec.judge)
         for kind, items in (
