@@ -38,7 +38,7 @@ def test_two_entries_are_caught_as_expected_and_recall_is_kept(corpus_run):
     assert mamba["caught"] and "tensor" in mamba["evidence"] and "mixer.dt_bias" in mamba["detail"]
     assert mamba["patched"] == [["reload_weights", "FAIL"]] and mamba["stock"] == [["reload_weights", "PASS"]]
     prefix = by_id[ENTRIES[1]]
-    assert prefix["caught"] and prefix["evidence"] == ["tokens"]
+    assert prefix["caught"] and "tokens" in prefix["evidence"] and "tensor" not in prefix["evidence"]
     assert prefix["patched"] == [["prefix_cache", "FAIL"]] and prefix["stock"] == [["prefix_cache", "PASS"]]
     assert "recall: 2/2" in corpus_run.output
 
