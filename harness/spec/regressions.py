@@ -76,8 +76,8 @@ class Expectation(_Frozen):
     stock: str = "PASS"
     """Verdict of the same paths on stock vLLM."""
     evidence: tuple[Evidence, ...] = ()
-    """For a caught bug: the kinds of evidence that must be among the patched FAIL's (at least one
-    of them, and every kind named must be present)."""
+    """For a caught bug: the kinds of evidence the patched FAIL must rest on, every one of them
+    (it may rest on more)."""
     tensor: str | None = None
     """A regular expression a failing tensor or kernel input of the patched run must match."""
     reason: str = ""
