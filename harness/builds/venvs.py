@@ -306,8 +306,7 @@ def create_patched_build(
     root = cache / "builds" / patched_key(base, facts, patches)
     python = root / "bin" / "python"
     root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with key_lock(root, lambda message: log(f"build: {message}")):
         try:
             if json.loads((root / STAMP).read_text()).get("complete") and python.exists():
                 return python
