@@ -33,7 +33,7 @@ from harness.records import (
     RankRecording,
     UnobservedRecord,
 )
-from harness.settings import BUILD_ENV
+from harness.settings import BUILD_ENV, PATCHES_ENV
 from harness.spec.run import PromptSpec
 
 
@@ -171,6 +171,9 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
     build = os.environ.get(BUILD_ENV)
     if build:
         facts.append(("build", build))
+    patches = os.environ.get(PATCHES_ENV)
+    if patches:  # a patched build: vLLM's version is the base's, these diffs are applied on top
+        facts.append(("vllm_patches", patches))
     return tuple(facts)
 
 

@@ -211,7 +211,13 @@ def prepare(
     plan = make_plan(resolved, cs, needs, unavailable, adapters)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
-    if reuse_reference and any(a.role == "reference" for a in plan.arms):
+    # The cache key reads this interpreter's vLLM; another build's (a venv, a patched overlay)
+    # cannot be identified from here, so its references are never taken from, or put in, the cache.
+    if (
+        reuse_reference
+        and any(a.role == "reference" for a in plan.arms)
+        and (spec.build is None or not spec.build.python)
+    ):
         inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
         key = reference.reference_key(inputs)
         found = (
