@@ -80,6 +80,32 @@ class PromptOutput:
 
 
 @dataclass(frozen=True)
+class InFlightRequest:
+    """A streaming request that was generating when a refit paused the engine
+    (``/pause?mode=keep`` ... ``/resume``), followed to its end."""
+
+    prompt: int
+    """Index of the prompt in the spec's prompt list."""
+    tokens_before_pause: tuple[int, ...]
+    """Tokens streamed before ``/pause`` answered (computed with the old weights)."""
+    tokens_while_paused: int
+    """Tokens streamed between ``/pause`` answering and ``/resume`` (``keep`` promises none)."""
+    tokens_after_resume: tuple[int, ...]
+    """Tokens streamed after ``/resume`` (the rest of the request)."""
+    finish_reason: str | None
+    """How the request ended (``length``: it ran to its token budget); None if it never ended."""
+    error: str | None
+    """What went wrong with the request (an HTTP error, a broken stream), or None."""
+    fresh_divergence: int | None
+    """First index where ``tokens_after_resume`` differs from a fresh request on the prompt plus
+    ``tokens_before_pause``, sent after the resume (the new weights computing the same prefix
+    from scratch); None: identical."""
+    fresh_max_logprob_diff: float
+    """Largest |logprob difference| of the chosen tokens against that fresh request, up to the
+    first divergence (0.0: the resumed request computed exactly what the new weights compute)."""
+
+
+@dataclass(frozen=True)
 class ConsumedTensor:
     """A tensor that existed before a forward and that an op read during it."""
 
@@ -191,6 +217,9 @@ class Observation:
     """Post-load hooks on the model and their call counts so far."""
     unobserved: tuple[UnobservedRecord, ...] = ()
     """What the census could not observe on any rank, with the reason (older records: none)."""
+    in_flight: tuple[InFlightRequest, ...] = ()
+    """Requests that were generating while the refit before this observation ran, followed to
+    their end (paths that refit a serving engine under ``/pause``; others: none)."""
 
     def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord) -> str:
         """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more

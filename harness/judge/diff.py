@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, Protocol
 
-from harness.records import ArmResult, ConsumedTensor, Observation, ObservationLabel, TensorRecord
+from harness.records import ArmResult, ConsumedTensor, InFlightRequest, Observation, ObservationLabel, TensorRecord
 
 Check = Literal["refit", "idempotency", "round_trip", "noise"]
 
@@ -157,6 +157,9 @@ class PathComparison:
     cache_hits: int | None = None
     """Prompt tokens the prefix cache served in the observation after the refit to B
     (None where the engine does not report them)."""
+    in_flight: tuple[InFlightRequest, ...] = ()
+    """Requests that were generating while the refit to B ran (paths that refit under
+    ``/pause``), followed to their end."""
 
 
 class Digested(Protocol):
@@ -545,6 +548,7 @@ def compare_path(
         hooks=hooks,
         notes=notes,
         cache_hits=cache_hits(obs.get("warm_B")),
+        in_flight=obs["warm_B"].in_flight if "warm_B" in obs else (),
     )
 
 

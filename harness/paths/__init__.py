@@ -12,7 +12,14 @@ from harness.registry import Registry
 if TYPE_CHECKING:
     from harness.paths.base import ReloadPath
 
-BUILTIN_MODULES = ("reload_weights", "weight_transfer", "http_reload", "sharded_state", "engine_states")
+BUILTIN_MODULES = (
+    "reload_weights",
+    "weight_transfer",
+    "http_reload",
+    "http_transfer",
+    "sharded_state",
+    "engine_states",
+)
 """The modules of ``harness.paths`` that define built-in paths, in the order ``--paths all`` lists them."""
 
 
