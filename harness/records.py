@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel"]
-ArmRole = Literal["reference", "noise", "mode_reference", "subject", "damaged"]
+ArmRole = Literal["reference", "noise", "mode_reference", "trainer_reference", "subject", "damaged"]
 ArmStatus = Literal["ok", "error"]
 
 

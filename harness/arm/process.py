@@ -213,6 +213,9 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     try:
         env = environment()
         paths = {name: PATHS.get(name)(arm.checkpoints, arm.prompts) for name in arm.paths}
+        for path in paths.values():
+            if getattr(path, "trains", False):
+                path.spec = arm.trainer  # type: ignore[attr-defined]  # a trainer path's trainer spec
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))

@@ -17,6 +17,7 @@ BUILTIN_MODULES = (
     "weight_transfer",
     "http_reload",
     "http_transfer",
+    "trainer_steps",
     "sharded_state",
     "engine_states",
 )

@@ -13,8 +13,10 @@ from harness.spec.run import Mode
 
 EngineKind = Literal["llm", "ray_llm", "http"]
 """How a subject engine is run (see ``EngineRequirements.kind``)."""
-RefitTarget = Literal["A", "B", "B_control"]
-"""The checkpoint a refit updates an engine to: A, B, or B' (the positive control)."""
+RefitTarget = str
+"""The weights a refit updates an engine to: ``A``, ``B``, ``B_control`` (B', the positive
+control), or a live trainer's optimizer step ``T<k>`` / ``T<k>_control``
+(``harness.spec.checkpoint_set.trainer_target``)."""
 
 
 @dataclass(frozen=True)
