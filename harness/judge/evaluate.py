@@ -15,6 +15,7 @@ from harness.plan import ArmPlan, Observe, mode_reference_name, sabotaged_twin, 
 from harness.records import ArmResult, ObservationLabel
 from harness.settings import arm_files
 from harness.spec.checkpoint_set import trainer_target
+from harness.spec.run import JudgePolicy
 
 
 def evaluate(out: Path) -> Evaluation:
@@ -101,7 +102,8 @@ def evaluate(out: Path) -> Evaluation:
                 reference,
                 noise,
                 control,
-                record,
+                record.spec.trainer.steps,
+                record.spec.judge,
                 fail_on_rebound,
                 known,
                 _packed_mapping(subject),
@@ -205,7 +207,8 @@ def trainer_step_verdicts(
     reference: ArmResult | None,
     noise: ArmResult | None,
     control: str,
-    record: RunRecord,
+    steps: int,
+    policy: JudgePolicy,
     fail_on_rebound: bool,
     known,
     packed: tuple[tuple[str, tuple[str, ...]], ...],
@@ -215,8 +218,6 @@ def trainer_step_verdicts(
     cold start on step ``k``'s weights (the noise floor stays the run's cold-B pair). The
     positive control (sent after the last step) and the sabotaged twin (one more step, one
     parameter not sent) belong to the whole trainer, so every step's verdict carries them."""
-    steps = record.spec.trainer.steps
-    policy = record.spec.judge
 
     def compared(owner: str, view: ArmResult, k: int, expected: tuple[str, ...]) -> PathComparison:
         step_ref = results.get(trainer_reference_name(k))
