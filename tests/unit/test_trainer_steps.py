@@ -14,7 +14,7 @@ from harness.plan import Observe, PathNeeds, Refit, make_plan, trainer_targets
 from harness.records import ObservationLabel
 from harness.spec.checkpoint_set import CheckpointSet, trainer_step, trainer_target
 from harness.spec.run import JudgePolicy, PromptSpec, RunSpec, TrainerSpec
-from tests.records import A, QWEN_PACKED, arm, obs, output
+from tests.records import QWEN_PACKED, A, arm, obs, output
 
 CONTROL_TENSOR = "qkv_proj.weight"
 S1 = {"w": "1-w", "norm": "1-n", "qkv_proj.<kernel-output>": "1-k"}
