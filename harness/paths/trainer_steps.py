@@ -28,7 +28,8 @@ class TrainerPath(ReloadPath):
 
     trains: ClassVar[bool] = True
     """Its targets are the trainer's optimizer steps (``harness.plan.trainer_targets``)."""
-    requirements = EngineRequirements(kind="ray_llm", weight_transfer_backend="gloo")
+    # Its own engine: transfer_gloo's sender would otherwise find its group replaced by this one's.
+    requirements = EngineRequirements(kind="ray_llm", weight_transfer_backend="gloo", apart="trainer")
     sabotage = "one trainer parameter (the positive-control tensor) not sent after an optimizer step"
 
     def __init__(self, checkpoints, prompts=None) -> None:

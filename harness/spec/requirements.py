@@ -37,6 +37,10 @@ class EngineRequirements:
     """Override the run's eager/compiled mode."""
     enable_sleep_mode: bool = False
     """Build the engine with ``enable_sleep_mode=True``."""
+    apart: str = ""
+    """Keeps the engine apart from paths with otherwise equal requirements (equal ``apart``
+    share): for paths whose transport state in the engine another path would replace (the
+    worker holds one weight-transfer group; a second sender's init replaces the first's)."""
     restarts: bool = False
     """The path ends the engine and starts a new one at every refit: it cannot share an
     engine, and addresses or hook counts are not comparable across its refits."""
