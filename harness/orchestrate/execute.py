@@ -21,6 +21,7 @@ from typing import Protocol
 from harness import store
 from harness.checkpoints.prepare import prepare as prepare_checkpoints
 from harness.checkpoints.read import fingerprint, vocab_size
+from harness.checkpoints.trainer import trainer_steps
 from harness.errors import CheckpointError, UsageError
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation, RunRecord
@@ -196,6 +197,14 @@ def prepare(
         if r := cls.unavailable_reason():
             unavailable.setdefault(p, r)
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
+    cs = replace(cs, control_scale=spec.control.scale)
+    if any(needs[p].trains for p in spec.paths if p not in unavailable):
+        progress(f"training checkpoint A for {spec.trainer.steps} step(s) (the trainer paths' targets)")
+        steps = spec.trainer.steps + (1 if spec.sabotage else 0)
+        try:
+            cs = replace(cs, trainer_steps=trainer_steps(cs.a, spec.trainer, resolved.prompts.token_ids or (), steps))
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
     for p, reason in not_started(spec, cs, needs).items():
         unavailable.setdefault(p, reason)
     adapters = None
