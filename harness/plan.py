@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from harness.records import ArmRole, ObservationLabel, ProbeLabel
 from harness.spec.build import BuildSpec
-from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.checkpoint_set import CheckpointSet, trainer_target
 from harness.spec.requirements import EngineRequirements, RefitTarget
-from harness.spec.run import AccuracyPrompts, DigestChoice, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
+from harness.spec.run import AccuracyPrompts, DigestChoice, EngineSpec, PromptSpec, RunSpec, ThroughputSpec, TrainerSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 SABOTAGE = "~sabotage"
@@ -31,11 +31,39 @@ class PathNeeds:
     sabotage_targets: tuple[RefitTarget, ...] = ("B", "A")
     """Its sabotaged twin's refits: the first is sabotaged, the rest are real refits that
     leave the engine as the next segment expects."""
+    trains: bool = False
+    """A live trainer makes its targets: its refits are the trainer's optimizer steps
+    (``trainer_targets``), each judged against a cold start on that step's weights."""
 
     @classmethod
     def of(cls, path_class) -> PathNeeds:
         """What a reload path class declares (``harness.paths.base.ReloadPath`` attributes)."""
-        return cls(path_class.requirements, path_class.refit_targets, path_class.sabotage_targets)
+        return cls(
+            path_class.requirements,
+            path_class.refit_targets,
+            path_class.sabotage_targets,
+            trains=getattr(path_class, "trains", False),
+        )
+
+
+def trainer_targets(steps: int, sabotage: bool = False) -> tuple[RefitTarget, ...]:
+    """A trainer path's refits: each optimizer step ``T1``..``TK``; the last step sent again
+    (idempotency) and with the control tensor scaled (positive control); back to A (round trip).
+    Its sabotaged twin (``sabotage``): one more step, ``T<K+1>``, sent without one parameter, then A."""
+    if sabotage:
+        return (trainer_target(steps + 1), "A")
+    last = trainer_target(steps)
+    return tuple(trainer_target(k) for k in range(1, steps + 1)) + (last, trainer_target(steps, control=True), "A")
+
+
+def trainer_reference_name(step: int) -> str:
+    """The arm that cold-starts on the trainer's step ``step``: the reference of that step."""
+    return f"reference-{trainer_target(step)}"
+
+
+def observation_stage(target: RefitTarget) -> str:
+    """The stage observed after a refit to ``target`` (``warm_B``, ``warm_T2``...)."""
+    return OBSERVATION_OF.get(target) or f"warm_{target}"
 
 
 @dataclass(frozen=True)
@@ -124,6 +152,9 @@ class ArmPlan:
             return self.adapters
         return self.checkpoints
 
+    trainer: TrainerSpec | None = None
+    """The live trainer of the arm's trainer paths (``PathNeeds.trains``); None without one."""
+
     @property
     def cold_label(self) -> ObservationLabel:
         return ObservationLabel("cold_dummy" if self.requirements.load_format == "dummy" else f"cold_{self.start}")
@@ -161,7 +192,7 @@ def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False
     seen: set[str] = set()
     owner = sabotaged_twin(path) if sabotaged else path
     for i, target in enumerate(targets):
-        stage = OBSERVATION_OF[target]
+        stage = observation_stage(target)
         if stage in seen:
             stage += "_again"
         seen.add(stage)
@@ -269,9 +300,15 @@ def make_plan(
                 requirements=own,
             ),
         ]
+
+    def targets(p: str, sabotage: bool = False) -> tuple[RefitTarget, ...]:
+        if paths[p].trains:
+            return trainer_targets(spec.trainer.steps, sabotage)
+        return paths[p].sabotage_targets if sabotage else paths[p].refit_targets
+
     for requirements, members in groups.items():
         probe = arm_plan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements)
-        steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
+        steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, targets(p)))
         # Right after the first path's refit to B: the refit engine's speed and accuracy.
         warm_b = ObservationLabel("warm_B", members[0])
         at = steps.index(Observe(warm_b)) + 1 if Observe(warm_b) in steps else len(steps)
@@ -280,17 +317,16 @@ def make_plan(
         )
         steps = steps[:at] + probes + steps[at:]
         if spec.sabotage:
-            steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
-        arms.append(
-            arm_plan(
-                name="subject-" + "+".join(members),
-                role="subject",
-                paths=tuple(members),
-                start="A",
-                steps=steps,
-                requirements=requirements,
-            )
+            steps += tuple(s for p in members for s in segment(p, targets(p, sabotage=True), sabotaged=True))
+        subject = arm_plan(
+            name="subject-" + "+".join(members),
+            role="subject",
+            paths=tuple(members),
+            start="A",
+            steps=steps,
+            requirements=requirements,
         )
+        arms.append(replace(subject, trainer=spec.trainer) if any(paths[p].trains for p in members) else subject)
     # A subject in another engine mode than the run's (the compiled path in an eager run) is
     # compared with a cold B in its own mode: compiled and eager kernels round differently
     # (bf16, measured: logprobs 0.004 apart and tokens diverging, with every tensor equal).
@@ -306,6 +342,22 @@ def make_plan(
                 requirements=EngineRequirements(mode=mode),
             ),
         )
+    # One cold start per trainer step, shared by every trainer path: their trainers start from
+    # A and compute the same steps (the arms check it against the prepared steps).
+    if any(paths[p].trains for p in runnable):
+        last = spec.trainer.steps + (1 if spec.sabotage else 0)
+        for k in range(1, last + 1):
+            arms.insert(
+                2,
+                arm_plan(
+                    name=trainer_reference_name(k),
+                    role="trainer_reference",
+                    paths=(),
+                    start=trainer_target(k),
+                    steps=(Observe(ObservationLabel(f"cold_{trainer_target(k)}")),),
+                    requirements=plain,
+                ),
+            )
     if accuracy:  # the eval's discriminating power: does a damaged B score lower than B?
         arms.append(
             arm_plan(

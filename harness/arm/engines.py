@@ -337,6 +337,7 @@ class HTTPEngine(EngineBase):
     ) -> None:
         startup_timeout_s = arm.timeout_s if startup_timeout_s is None else startup_timeout_s  # the arm's budget
         args = engine_args(arm, overrides)
+        self.max_model_len = int(args["max_model_len"])
         cmd = serve_command(args.pop("model")) + serve_flags(args)
         if arm.requirements.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
@@ -396,6 +397,12 @@ class HTTPEngine(EngineBase):
         finally:
             conn.close()
 
+    def get_json(self, route: str, timeout: float = 60.0) -> Any:
+        status, raw = self._request("GET", route, None, timeout)
+        if status >= 400:
+            raise HTTPError(f"GET {route} -> HTTP {status}: {raw[:500]!r}")
+        return json.loads(raw)
+
     def post(self, route: str, body: dict | None = None, timeout: float = 600.0) -> Any:
         status, raw = self._request("POST", route, json.dumps(body or {}).encode(), timeout)
         if status >= 400:
@@ -434,6 +441,39 @@ class HTTPEngine(EngineBase):
                 )
             )
         return tuple(outputs)
+
+    def connection(self, timeout: float = 600.0) -> http.client.HTTPConnection:
+        """A new HTTP connection to the server (over its Unix socket), for a caller that reads
+        a response as it streams."""
+        return _UnixHTTPConnection(self.socket_path, timeout)
+
+    @property
+    def unix_url(self) -> str:
+        """The server's base URL in ``requests-unixsocket``'s form (``http+unix://<quoted socket>``),
+        for HTTP clients built on ``requests``, such as vLLM's ``HTTPVLLMWeightSyncClient``."""
+        from urllib.parse import quote
+
+        return "http+unix://" + quote(self.socket_path, safe="")
+
+    def complete(self, ids: tuple[int, ...], max_tokens: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """``max_tokens`` greedy tokens of one token-id prompt, with each chosen token's logprob."""
+        body = {
+            "model": self._model_name(),
+            "prompt": list(ids),
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        }
+        choice = self.post("/v1/completions", body)["choices"][0]
+        chosen = choice["logprobs"]["token_logprobs"] or []
+        return tuple(int(t) for t in choice["token_ids"]), tuple(float(x) for x in chosen)
+
+    def model_name(self) -> str:
+        """The served model's name (``/v1/models``)."""
+        return self._model_name()
 
     def _model_name(self) -> str:
         if not hasattr(self, "_name"):

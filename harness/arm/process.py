@@ -24,6 +24,7 @@ from harness.records import (
     Completions,
     ConsumedTensor,
     GraphRead,
+    InFlightRequest,
     Measurement,
     ModelInfo,
     Observation,
@@ -34,14 +35,21 @@ from harness.records import (
     RankRecording,
     UnobservedRecord,
 )
-from harness.settings import BUILD_ENV
+from harness.settings import BUILD_ENV, PATCHES_ENV
 from harness.spec.run import PromptSpec
 
 
-def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel, probe_graphs: bool = False) -> Observation:
+def observe(
+    engine: EngineBase,
+    arm: ArmPlan,
+    label: ObservationLabel,
+    in_flight: tuple[InFlightRequest, ...] = (),
+    probe_graphs: bool = False,
+) -> Observation:
     """Census, one recorded forward (a long prefill and a decode step inside the captured batch
     sizes), greedy outputs; and, right after a refit under CUDA graphs (``probe_graphs``), which
-    moved tensors captured graphs still read at their old storage."""
+    moved tensors captured graphs still read at their old storage. ``in_flight``: the requests
+    the refit before this observation saw generating, followed to their end."""
     per_rank = [
         store.from_jsonable(RankCensus, r)
         for r in engine.rpc(
@@ -80,6 +88,7 @@ def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel, probe_gra
         unobserved=tuple(unobserved),
         graph_reads=graph_reads,
         graphs_probed=probe_graphs,
+        in_flight=in_flight,
     )
 
 
@@ -264,6 +273,9 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
     build = os.environ.get(BUILD_ENV)
     if build:
         facts.append(("build", build))
+    patches = os.environ.get(PATCHES_ENV)
+    if patches:  # a patched build: vLLM's version is the base's, these diffs are applied on top
+        facts.append(("vllm_patches", patches))
     return tuple(facts)
 
 
@@ -278,6 +290,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
     save_lock = threading.Lock()  # the watchdog thread saves too
     cold_starts = 0
+    in_flight: tuple[InFlightRequest, ...] = ()  # what the last refit saw of requests in flight
 
     def save(status: str, error: str | None, refused: str | None = None) -> ArmResult:
         path, step = current[0] if status == "error" else (None, None)
@@ -308,6 +321,9 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     try:
         env = environment(arm.digest)
         paths = {name: PATHS.get(name)(arm.refit_checkpoints, arm.prompts) for name in arm.paths}
+        for path in paths.values():
+            if getattr(path, "trains", False):
+                path.spec = arm.trainer  # type: ignore[attr-defined]  # a trainer path's trainer spec
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
@@ -328,6 +344,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     if step.sabotaged
                     else path.refit(engine, arm.refit_checkpoints.directory(step.target), step.target)
                 )
+                in_flight = path.take_in_flight()
                 if restart is not None:
                     held = False
                     watchdog.set()  # the old engine's processes end on purpose
@@ -349,8 +366,9 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     save("error", f"arm stopped after measuring {str(label)!r}")
             else:
                 current[0] = (step.label.path, f"observe {step.label.stage}")
-                observations.append(observe(engine, arm, step.label, probe_graphs=held))
+                observations.append(observe(engine, arm, step.label, in_flight, probe_graphs=held))
                 held = False
+                in_flight = ()
                 # Keep what was measured; if the arm dies later, this file says so.
                 save("error", f"arm stopped after observing {str(step.label)!r}")
         current[0] = (None, None)

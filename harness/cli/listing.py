@@ -11,11 +11,20 @@ def add_parsers(sub) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harness.orchestrate.regressions import RegressionsSpec
+    from harness.spec.regressions import load_corpus
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 
     for name in SCENARIOS.names():
         scenario = SCENARIOS.get(name)()
+        if isinstance(scenario, RegressionsSpec):
+            entries = load_corpus(Path(scenario.corpus))
+            ids = [e.id for e in entries]
+            print(f"{name:14} {scenario.description}\n    {len(ids)} entries: {', '.join(ids[:4])}, ...")
+            continue
         cells = [c for g in expand(scenario) for c in g.cell_ids()]
         print(
             f"{name:14} {scenario.description}\n    {len(cells)} cells: {', '.join(cells[:4])}"

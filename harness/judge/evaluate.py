@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness import store
 from harness.errors import SchemaError
-from harness.judge.diff import compare_path, one_digest
+from harness.judge.diff import PathComparison, compare_path, one_digest
 from harness.judge.evaluation import Evaluation, RunRecord
 from harness.judge.verdict import (
     Verdict,
@@ -20,10 +20,19 @@ from harness.judge.verdict import (
     with_expected_census,
     with_sabotage,
 )
-from harness.plan import ArmPlan, Observe, lora_noise_name, lora_reference_name, mode_reference_name, sabotaged_twin
-from harness.records import ArmResult
+from harness.plan import (
+    ArmPlan,
+    Observe,
+    lora_noise_name,
+    lora_reference_name,
+    mode_reference_name,
+    sabotaged_twin,
+    trainer_reference_name,
+)
+from harness.records import ArmResult, ObservationLabel
 from harness.settings import arm_files
-from harness.spec.checkpoint_set import adapted_weight
+from harness.spec.checkpoint_set import adapted_weight, trainer_target
+from harness.spec.run import JudgePolicy
 
 
 def evaluate(out: Path) -> Evaluation:
@@ -119,6 +128,27 @@ def evaluate(out: Path) -> Evaluation:
                 refit_reference=own_mode,
             )
 
+        if getattr(cls, "trains", False):
+            known = cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype)
+            found = trainer_step_verdicts(
+                path,
+                charged_to_segment(subject, path, order),
+                charged_to_segment(subject, sabotaged_twin(path), order) if record.spec.sabotage else None,
+                results,
+                reference,
+                noise,
+                control,
+                record.spec.trainer.steps,
+                record.spec.judge,
+                fail_on_rebound,
+                known,
+                _packed_mapping(subject),
+                sabotage=cls.sabotage,
+            )
+            comparisons += found[0]
+            verdicts += found[1]
+            continue
+
         c = compared(path)
         comparisons.append(c)
         declined = refused_refit(cls.refusals, device, c.errors)
@@ -187,3 +217,96 @@ def refused_refit(refusals, device: str, errors: tuple[str, ...]) -> str | None:
             words = said.split("Worker failed with error ", 1)[-1]
             return f"vLLM declines this refit on {refusal.device}: {refusal.reason}. vLLM said: {words[:400]}"
     return None
+
+
+def step_verdict_name(path: str, step: int) -> str:
+    """The verdict of one trainer step: ``trainer_steps@T2``."""
+    return f"{path}@{trainer_target(step)}"
+
+
+def _step_view(subject: ArmResult, owner: str, step: int, last: bool, control_step: int) -> ArmResult:
+    """The subject as ``compare_path`` reads one A->B oracle: trainer step ``step`` is its B.
+    The step before it (for ``step`` > 1) is the value a stale tensor keeps; the last step also
+    carries its repeat (idempotency), its positive control and the round trip back to A."""
+    stage = {f"warm_{trainer_target(step)}": "warm_B"}
+    if last:
+        stage.update(
+            {
+                f"warm_{trainer_target(control_step)}_again": "warm_B_again",
+                f"warm_{trainer_target(control_step, control=True)}": "warm_B_control",
+                "warm_A": "warm_A",
+            }
+        )
+    kept, seen_own = [], False
+    for o in subject.observations:
+        if o.label.path != owner:
+            if not seen_own:
+                kept.append(o)
+            continue
+        seen_own = True
+        if step > 1 and o.label.stage == f"warm_{trainer_target(step - 1)}":
+            kept.append(replace(o, label=ObservationLabel(f"before_{trainer_target(step)}")))
+        elif o.label.stage in stage:
+            kept.append(replace(o, label=ObservationLabel(stage[o.label.stage], owner)))
+    # The step before, relabelled outside the segment, must come last of the non-segment ones.
+    before = [o for o in kept if o.label.path != owner]
+    own = [o for o in kept if o.label.path == owner]
+    return replace(subject, observations=tuple(before + own))
+
+
+def trainer_step_verdicts(
+    path: str,
+    subject: ArmResult,
+    twin_subject: ArmResult | None,
+    results: dict[str, ArmResult],
+    reference: ArmResult | None,
+    noise: ArmResult | None,
+    control: str,
+    steps: int,
+    policy: JudgePolicy,
+    fail_on_rebound: bool,
+    known,
+    packed: tuple[tuple[str, tuple[str, ...]], ...],
+    sabotage: str,
+) -> tuple[list[PathComparison], list[Verdict]]:
+    """One verdict per optimizer step of a trainer path: the engine after step ``k`` against a
+    cold start on step ``k``'s weights (the noise floor stays the run's cold-B pair). The
+    positive control (sent after the last step) and the sabotaged twin (one more step, one
+    parameter not sent) belong to the whole trainer, so every step's verdict carries them."""
+
+    def compared(owner: str, view: ArmResult, k: int, expected: tuple[str, ...]) -> PathComparison:
+        step_ref = results.get(trainer_reference_name(k))
+        c = compare_path(
+            owner,
+            view,
+            reference,
+            noise,
+            control,
+            policy.logprob_atol,
+            expected,
+            refit_reference=step_ref,
+        )
+        if step_ref is None or not step_ref.observations:
+            c = replace(c, errors=(*c.errors, f"{trainer_reference_name(k)} (cold start on step {k}) never observed"))
+        return c
+
+    last_expected = ("warm_B", "warm_B_again", "warm_B_control", "warm_A")
+    comparisons = []
+    for k in range(1, steps + 1):
+        last = k == steps
+        view = _step_view(subject, path, k, last, steps)
+        c = compared(path, view, k, last_expected if last else ("warm_B",))
+        comparisons.append(replace(c, path=step_verdict_name(path, k)))
+    control_outcome = comparisons[-1].control
+    comparisons = [c if c.control is not None else replace(c, control=control_outcome) for c in comparisons]
+    outcome = None
+    twin = None
+    if twin_subject is not None:
+        owner = sabotaged_twin(path)
+        view = _step_view(twin_subject, owner, steps + 1, False, steps)
+        twin = replace(
+            compared(owner, view, steps + 1, ("warm_B",)), path=sabotaged_twin(step_verdict_name(path, steps + 1))
+        )
+        outcome = judge_sabotage(twin, judge(twin, policy, fail_on_rebound), sabotage, "tensor", control, packed)
+    verdicts = [with_sabotage(judge(c, policy, fail_on_rebound, known=known), outcome) for c in comparisons]
+    return comparisons + ([twin] if twin is not None else []), verdicts

@@ -23,6 +23,8 @@ BUILTIN_MODULES = (
     "reload_weights",
     "weight_transfer",
     "http_reload",
+    "http_transfer",
+    "trainer_steps",
     "sharded_state",
     "engine_states",
     "raw_load_weights",

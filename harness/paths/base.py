@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from harness.device import RunsOn, cuda_available
-from harness.records import PromptOutput
+from harness.records import InFlightRequest, PromptOutput
 from harness.settings import SCRATCH_ENV
 from harness.spec.known_issues import KnownIssue, Refusal
 from harness.spec.requirements import EngineRequirements, EngineRestart, RefitTarget
@@ -139,6 +139,12 @@ class ReloadPath:
     def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> EngineRestart | None:
         """The refit with the path's one essential step skipped or broken (see ``sabotage``)."""
         raise NotImplementedError(f"{self.name} declares no sabotaged refit")
+
+    def take_in_flight(self) -> tuple[InFlightRequest, ...]:
+        """Requests that were generating while the last refit ran, followed to their end (a
+        path that refits a serving engine under ``/pause``); the arm stores them with the
+        observation that follows. Asking again returns nothing until the next refit."""
+        return ()
 
     @property
     def left_out(self) -> str:

@@ -15,6 +15,7 @@ FIXTURE_ARCHITECTURES = {
     "FaultyReloadQwen3ForCausalLM": "harness.worker.fixtures.models:FaultyReloadQwen3ForCausalLM",
     "StaleKVScaleFloatQwen3ForCausalLM": "harness.worker.fixtures.models:StaleKVScaleFloatQwen3ForCausalLM",
     "PlainGemmQwen3ForCausalLM": "harness.worker.fixtures.models:PlainGemmQwen3ForCausalLM",
+    "RootSizeNormQwen3ForCausalLM": "harness.worker.fixtures.models:RootSizeNormQwen3ForCausalLM",
 }
 
 

@@ -43,6 +43,11 @@ class RefitObserver:
             loaded = self.get_model().load_weights(iter(list(tensors)))
         return len(loaded) if loaded is not None else -1
 
+    def refit_harness_load_tensors(self, tensors: list) -> None:
+        """reload_weights fed a trainer's ``(name, tensor)`` pairs as they were sent: its own
+        names and dtype, for vLLM's loaders to map, pack and cast."""
+        self.reload_weights(weights_iterator=iter(tensors))
+
     def refit_harness_save_kernel_state(self, directory: str) -> None:
         """vLLM's sharded-state saver, one subdirectory per rank: the tensors exactly as this
         rank's kernels hold them (fused, repacked, already sharded)."""

@@ -11,18 +11,23 @@ from harness.spec.engine_config import EngineConfig, check_engine_args, encode
 from harness.spec.scenario import ModelRef, ScenarioSpec, expand
 
 
-def test_the_hpc_cell_is_a_hunyuan_on_hpc_attn_whose_arguments_this_vllm_takes():
+def test_the_hpc_cell_is_a_hunyuan_on_hpc_attn_whose_arguments_this_vllm_takes(monkeypatch):
     from harness.builds.engine_fields import engine_fields
+    from harness.settings import NIGHTLY_ATTENTION_ENV
     from scenarios.gpu_nightly import HPC_ATTN, gpu_nightly
 
+    monkeypatch.delenv(NIGHTLY_ATTENTION_ENV, raising=False)
     groups = {g.id: g for g in expand(gpu_nightly())}
     hpc = [g for g in groups.values() if "-hpc-" in g.id]
     assert hpc and all(g.model.label == "hunyuan-v3" for g in hpc)
     assert all(g.spec.engine.vllm_kwargs() == {"attention_backend": "HPC_ATTN"} for g in hpc)
     assert all(g.spec.requires_device == ("sm90",) and g.spec.expected_census == HPC_ATTN.expect_census for g in hpc)
-    # The nightly model keeps vLLM's default engine; the HunYuan runs only the HPC configuration.
-    assert all(g.spec.engine.engine_args == () for g in groups.values() if g.model.label != "hunyuan-v3")
-    check_engine_args(HPC_ATTN.args, engine_fields())  # valid EngineArgs of the installed vLLM
+    # The nightly model pins only the production attention backend (issue 20: FLASH_ATTN by
+    # default); the HunYuan runs only the HPC configuration.
+    nightly = [g for g in groups.values() if g.model.label != "hunyuan-v3"]
+    assert nightly and all(g.spec.engine.vllm_kwargs() == {"attention_backend": "FLASH_ATTN"} for g in nightly)
+    for args in {HPC_ATTN.args, *(g.spec.engine.engine_args for g in nightly)}:
+        check_engine_args(args, engine_fields())  # valid EngineArgs of the installed vLLM
 
 
 def test_the_hpc_expected_census_names_both_forms_of_the_qk_norm_weights():

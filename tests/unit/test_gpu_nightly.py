@@ -182,6 +182,19 @@ def test_defect_5_trainers_are_placed_where_the_arm_has_room(ray_gpus):
     assert gloo.arm_gpus == 2 and [t.gpus for t in gloo.trainers] == [0.0]
 
 
+def test_http_weight_transfer_counts_its_nccl_trainers_gpu():
+    """The RL HTTP path (merged from main) runs vLLM's NCCL trainer on a GPU of its own beside
+    the server's workers: a machine without that GPU SKIPS the cell with the reason instead of
+    an arm Ray can never place (defect 5's hang)."""
+    from harness.orchestrate.execute import unavailable_paths
+
+    http = {"http_weight_transfer": PATHS.get("http_weight_transfer")}
+    assert [http["http_weight_transfer"].gpus_needed(tp) for tp in (1, 2)] == [2, 3]
+    skipped = unavailable_paths(http, 2, 2, cuda=True, packages=False)
+    assert "needs 3 GPUs here (TP 2 and a trainer GPU of its own)" in skipped["http_weight_transfer"]
+    assert unavailable_paths(http, 2, 3, cuda=True, packages=False) == {}
+
+
 def test_defect_6_ipc_has_a_colocated_sender_on_each_worker_gpu(ray_gpus):
     from harness.arm.placement import engine_placement_group, trainer_actor_options, worker_actor_options
     from harness.arm.preflight import place_together
