@@ -62,6 +62,9 @@ def validate(spec: RunSpec) -> RunSpec:
             PATHS.get(p)
         except UnknownName as exc:
             raise UsageError(str(exc)) from None
+    from harness.cpu_isa import check_override, host_capabilities
+
+    check_override(spec.engine.cpu_isa, host_capabilities())
     if spec.engine.tensor_parallel_size < 1:
         raise UsageError(f"tensor-parallel size must be at least 1, not {spec.engine.tensor_parallel_size}")
     if not spec.arm_timeout_s > 0:
@@ -184,6 +187,8 @@ def prepare(
         if reference.cached(key, DEFAULT_CACHE):
             plan = replace(plan, reused=reference.CACHED_ROLES)
     started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    from harness.cpu_isa import host_capabilities
+
     record = RunRecord(
         spec=spec,
         checkpoints=cs,
@@ -192,6 +197,7 @@ def prepare(
         started=started,
         arm_env=tuple(sorted(env.items())),
         reference_key=key,
+        cpu=host_capabilities(spec.engine.cpu_isa),
     )
     store.dump(record, out / "run.json", "run_record")
     return record, inputs
