@@ -11,8 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.cli.common import exit_for, interrupted, positive_float, positive_int, progress, set_out
+from harness.cpu_isa import LEVEL_CHOICES, NATIVE, override_from_env
 from harness.errors import BuildError, UsageError
 from harness.orchestrate.execute import ArmEvents, Progress
+from harness.settings import CPU_ISA_ENV
 from harness.spec.run import ControlSpec, EngineSpec, JudgePolicy, PerturbSpec, RunSpec, ThroughputSpec
 from harness.spec.scenario import ScenarioSpec
 
@@ -60,6 +62,14 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="run vLLM's engine core in its own process, as vLLM does by default (slower to "
         "start; default: inside the arm)",
+    )
+    run.add_argument(
+        "--cpu-isa",
+        choices=LEVEL_CHOICES,
+        default=None,
+        help="make vLLM take the CPU kernel branches of a smaller CPU on this one: its AVX-512/AMX "
+        "capabilities are hidden from vLLM in every engine process and oneDNN is capped the same way "
+        f"(default: {CPU_ISA_ENV}, else native; see docs/isa.md)",
     )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(
@@ -248,6 +258,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             tensor_parallel_size=args.tp or 1,
             dtype=args.dtype or "float32",
             engine_core_process=args.engine_core_process,
+            cpu_isa=cpu_isa_of(args),
         ),
         perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
         control=ControlSpec(tensor=args.control_tensor),
@@ -308,7 +319,15 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["control"] = ControlSpec(tensor=args.control_tensor)
     if args.engine_core_process:
         changes["engine_core_process"] = True
+    if cpu_isa_of(args) != NATIVE:
+        changes["cpu_isa"] = cpu_isa_of(args)
     return replace(scenario, **changes)
+
+
+def cpu_isa_of(args: argparse.Namespace) -> str:
+    """``--cpu-isa``, else ``REFIT_HARNESS_CPU_ISA``, else native (checked against the CPU before
+    any engine starts, in ``execute.validate``)."""
+    return getattr(args, "cpu_isa", None) or override_from_env()
 
 
 def accuracy_of(path: str | None):

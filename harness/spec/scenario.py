@@ -65,6 +65,8 @@ class ScenarioSpec:
     """The positive control of every cell (its tensor chosen per model unless named)."""
     engine_core_process: bool = False
     """Run vLLM's engine core in a process of its own in every arm (``EngineSpec``)."""
+    cpu_isa: str = "native"
+    """The CPU capability level every arm's vLLM is made to see (``EngineSpec.cpu_isa``)."""
     device: Device = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
@@ -117,6 +119,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 tensor_parallel_size=tp,
                                 dtype=dtype,
                                 engine_core_process=s.engine_core_process,
+                                cpu_isa=s.cpu_isa,
                             ),
                             control=s.control,
                             prompts=s.prompts,
