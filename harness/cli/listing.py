@@ -45,6 +45,8 @@ def cmd_paths(args: argparse.Namespace) -> int:
         scope = (
             f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "
             f"{', '.join(known.architectures) or 'any architecture'}, paths {', '.join(known.paths) or 'all'}"
+            + (f", {'/'.join(known.dtypes)}" if known.dtypes else "")
+            + (f", CPUs with {' or '.join(known.cpu_capabilities)}" if known.cpu_capabilities else "")
         )
         print(f"known issue ({scope}; XFAIL while it holds): {known.title or known.reason}")
     return 0

