@@ -26,6 +26,7 @@ def render_html(
     return render(
         "run.html.j2",
         started=ev.record.started,
+        cpu=summary["environment"].get("cpu_capabilities", "not recorded"),
         paths=paths,
         divergent=[
             (name, p)

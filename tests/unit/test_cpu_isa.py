@@ -267,7 +267,7 @@ def test_the_cpu_and_its_kernel_branches_are_in_the_summary_and_its_header():
     assert s["cpu"]["measured"]["level"] == "amx" and s["cpu"]["measured_by"] == "reference"
     assert s["cpu"]["kernel_paths"] == {"linear": {"sgl weight_packed_linear": 2}, "conv1d": {"prepacked": 1}}
     assert s["cpu"]["arms_on_another_cpu"] == []
-    line = s["environment"]["cpu"]
+    line = s["environment"]["cpu_capabilities"]
     assert line.startswith("x86_64 amx (") and "vLLM kernels _C" in line and "conv1d prepacked x1" in line
     md = render_markdown(ev, s)
     assert "CPU as vLLM saw it: x86\\_64 amx" in md and "another CPU" not in md
