@@ -40,7 +40,13 @@ def cmd_paths(args: argparse.Namespace) -> int:
             f"\n    sabotaged twin ({cls.sabotage_evidence} evidence): {cls.sabotage}"
         )
         for known in cls.known_issues:
-            print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
+            scope = "".join(
+                (
+                    f", {'/'.join(known.dtypes)}" if known.dtypes else "",
+                    f", CPUs with {' or '.join(known.cpu_capabilities)}" if known.cpu_capabilities else "",
+                )
+            )
+            print(f"    known issue on {known.device}{scope} (XFAIL while it holds): {known.reason}")
     for known in KNOWN_ISSUES:
         scope = (
             f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "

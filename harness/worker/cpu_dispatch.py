@@ -118,8 +118,10 @@ def kernel_paths(model) -> tuple[KernelPath, ...]:
         if linear is not None:
             out.append(KernelPath(name, "linear", _linear_path(linear)))
         weight = getattr(module, "weight", None)
-        if getattr(weight, "ndim", 0) == 3 and weight.shape[1] == 1 and "conv" in name.rsplit(".", 1)[-1]:
-            prepacked = hasattr(module, "_cpu_unpacked_conv_weight")
+        # A causal conv1d weight is [dim, 1, width]; once prepacked it has the packed kernel's
+        # shape, and the unpacked copy beside it says so.
+        prepacked = hasattr(module, "_cpu_unpacked_conv_weight")
+        if prepacked or (getattr(weight, "ndim", 0) == 3 and weight.shape[1] == 1 and linear is None):
             out.append(KernelPath(name, "conv1d", "prepacked" if prepacked else "not prepacked"))
         method = getattr(module, "quant_method", None)
         experts = _experts(method) if method is not None and hasattr(module, "w13_weight") else None
