@@ -34,9 +34,17 @@ def tiny_qwen2(directory: Path, seed: int) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                         tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():  # biases and norms away from their init, so A and B differ in every tensor
         for name, p in model.named_parameters():
@@ -69,8 +77,15 @@ def main() -> int:
     draw = random.Random(0)
     prompts = [{"prompt_token_ids": [draw.randrange(1, 512) for _ in range(16 + 3 * i)]} for i in range(4)]
     params = SamplingParams(temperature=0.0, max_tokens=8, detokenize=False, logprobs=1)
-    settings = dict(skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=64 << 20,
-                    max_model_len=256, max_num_seqs=8, seed=0)
+    settings = dict(
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        kv_cache_memory_bytes=64 << 20,
+        max_model_len=256,
+        max_num_seqs=8,
+        seed=0,
+    )
 
     def logprobs(llm):
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -93,14 +108,23 @@ def main() -> int:
         rounded = torch.equal(got.to(torch.bfloat16).to(got.dtype), got)
         if not ok:
             wrong.append(name)
-        print(f"  {name}.bias ({got.dtype}) after reload_weights(B): "
-              + ("equal to cold B" if ok else "STALE" if torch.equal(got, cold_a[name]["bias"]) else
-                 f"CORRUPT (max |diff| {float((got - cold['bias']).abs().max()):.3g} from cold B)")
-              + f" | bf16-representable: {rounded} | SGL kernel: {cold['sgl']}")
+        print(
+            f"  {name}.bias ({got.dtype}) after reload_weights(B): "
+            + (
+                "equal to cold B"
+                if ok
+                else "STALE"
+                if torch.equal(got, cold_a[name]["bias"])
+                else f"CORRUPT (max |diff| {float((got - cold['bias']).abs().max()):.3g} from cold B)"
+            )
+            + f" | bf16-representable: {rounded} | SGL kernel: {cold['sgl']}"
+        )
     drift = max(abs(x - y) for p, q in zip(cold_b_lp, warm_lp) for x, y in zip(p, q))
     print(f"largest logprob difference, A + reload_weights(B) vs cold B: {drift:.3g}")
     if not wrong and not any(c["sgl"] for c in cold_b.values()):
-        print("note: the SGL branch (AMX tiles) was not taken on this CPU, so the bias stays bf16: not reproducible here")
+        print(
+            "note: the SGL branch (AMX tiles) was not taken on this CPU, so the bias stays bf16: not reproducible here"
+        )
     return 1 if wrong else 0
 
 

@@ -38,12 +38,30 @@ def tiny_deepseek_v2(directory: Path) -> str:
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
     torch.manual_seed(0)
-    config = DeepseekV2Config(vocab_size=512, hidden_size=128, num_hidden_layers=2, max_position_embeddings=512,
-                              tie_word_embeddings=False, num_attention_heads=4, num_key_value_heads=4,
-                              intermediate_size=256, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1,
-                              num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None,
-                              qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, n_group=2, topk_group=1,
-                              topk_method="group_limited_greedy", rms_norm_eps=1e-6)
+    config = DeepseekV2Config(
+        vocab_size=512,
+        hidden_size=128,
+        num_hidden_layers=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        n_group=2,
+        topk_group=1,
+        topk_method="group_limited_greedy",
+        rms_norm_eps=1e-6,
+    )
     DeepseekV2ForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     return str(directory)
 
@@ -64,8 +82,16 @@ def main() -> int:
     from vllm import LLM
 
     model = tiny_deepseek_v2(Path(tempfile.mkdtemp(prefix="vllm-amx-mla-repro-")) / "model")
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-              kv_cache_memory_bytes=64 << 20, max_model_len=512, max_num_seqs=8, seed=0)
+    llm = LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        kv_cache_memory_bytes=64 << 20,
+        max_model_len=512,
+        max_num_seqs=8,
+        seed=0,
+    )
     backends = llm.collective_rpc(attention_backends)[0]
     print(f"torch reports amx_tile={torch.cpu._is_amx_tile_supported()}; attention: {', '.join(backends)}")
     empty = llm.collective_rpc(empty_parameters)[0]
@@ -77,8 +103,14 @@ def main() -> int:
     except RuntimeError as exc:
         print(f"reload_weights raised: {str(exc).splitlines()[0]}")
         return 1
-    print("reload_weights succeeded" + ("" if any("AMX" in b for b in backends) else
-                                        " (the AMX MLA backend was not taken on this CPU: not reproducible here)"))
+    print(
+        "reload_weights succeeded"
+        + (
+            ""
+            if any("AMX" in b for b in backends)
+            else " (the AMX MLA backend was not taken on this CPU: not reproducible here)"
+        )
+    )
     return 0
 
 

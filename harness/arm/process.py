@@ -182,7 +182,7 @@ def arm_capabilities() -> CpuCapabilities | None:
 
 
 def worker_dispatch(
-    engine: Engine, fallback: CpuCapabilities | None
+    engine: EngineBase, fallback: CpuCapabilities | None
 ) -> tuple[CpuCapabilities | None, tuple[KernelPath, ...]]:
     """Rank 0's view of the CPU and the kernel each layer got; the arm's view where the
     worker cannot say (the reasons are in the arm's log)."""

@@ -254,11 +254,17 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
     architecture = architecture_of(cs.a)
     version = vllm_version_of(spec)
     device = "cuda" if cuda_available() else "cpu"
+    from harness.cpu_isa import host_capabilities
+
+    cpu_flags = host_capabilities(spec.engine.cpu_isa).flags  # what the arms' vLLM will see
     out = {}
     for p, need in needs.items():
         prefix = need.requirements.enable_prefix_caching
         engine = {"enable_prefix_caching": spec.engine.enable_prefix_caching if prefix is None else prefix}
-        known = next((k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine)), None)
+        known = next(
+            (k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine, cpu_flags)),
+            None,
+        )
         if known:
             out[p] = f"known issue, not started: {known.reason}"
     return out

