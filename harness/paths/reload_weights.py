@@ -98,6 +98,8 @@ class ReloadKernelFormat(ReloadPath):
             dtypes=("bfloat16",),
             # oneDNN takes bf16 GEMMs on any AVX-512 CPU; SGL runs them on AMX. On AVX2 neither does.
             cpu_capabilities=("avx512_f", "amx_tile"),
+            title="CPU: a kernel-format reload leaves every packed bf16 GEMM kernel (oneDNN on AVX-512, SGL on "
+            "AMX) with the old weights",
             reason="In bfloat16 the same holds wherever vLLM's CPU backend packs bf16 GEMMs: an SGL "
             "weight_packed_linear on AMX CPUs (weights up to 1 MiB: attention projections, MoE routers, the "
             "embedding's and lm_head's kernels), a oneDNN handle on any AVX-512 CPU (oneDNN refuses a bf16 "
