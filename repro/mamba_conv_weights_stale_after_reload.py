@@ -250,6 +250,11 @@ def main() -> int:
         action="store_true",
         help="mask AVX-512/AMX in this process, so vLLM takes its AVX2 branch on this machine",
     )
+    parser.add_argument(
+        "--sharded-state",
+        action="store_true",
+        help="save the engine's sharded state and start a new engine from it, instead of reloading",
+    )
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: a callable RPC
     if args.as_avx2:
