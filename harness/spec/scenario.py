@@ -93,6 +93,8 @@ class ScenarioSpec:
     engine: EngineSpec = field(default_factory=EngineSpec)
     """The engine settings of every cell; each cell sets its own mode, TP size and dtype in it
     (and ``engine_core_process`` from above)."""
+    cpu_isa: str = "native"
+    """The CPU capability level every arm's vLLM is made to see (``EngineSpec.cpu_isa``)."""
     device: Device = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
@@ -152,6 +154,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 dtype=dtype,
                                 engine_core_process=s.engine_core_process,
                                 engine_args=merge(m.engine_args, config.args),
+                                cpu_isa=s.cpu_isa,
                             ),
                             control=s.control,
                             prompts=s.prompts,
