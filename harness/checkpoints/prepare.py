@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.checkpoints.control import choose_control_tensor
 from harness.checkpoints.derived import damaged, perturbed, with_control, without_tensor
+from harness.checkpoints.quantize import quantization_config
 from harness.checkpoints.read import check_target, read_headers
 from harness.checkpoints.source import resolve_model
 from harness.settings import DEFAULT_CACHE
@@ -35,7 +36,7 @@ def prepare(
     if control.tensor:
         tensor, reason = control.tensor, "given with --control-tensor"
     else:
-        tensor, reason = choose_control_tensor(headers)
+        tensor, reason = choose_control_tensor(headers, quantized=quantization_config(a) is not None)
         control = ControlSpec(tensor=tensor, scale=control.scale)
     b_control = with_control(b, control, cache)
     b_without = str(without_tensor(b, tensor, cache).resolve()) if sabotage else None

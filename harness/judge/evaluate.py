@@ -72,6 +72,7 @@ def evaluate(out: Path) -> Evaluation:
         env = dict(subject.environment)
         device = env.get("device", "cpu")
         architecture = next((o.model.architecture for o in subject.observations), None)
+        kernels = next((o.model.quant_kernels for o in subject.observations), ())
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
@@ -106,7 +107,7 @@ def evaluate(out: Path) -> Evaluation:
             c,
             record.spec.judge,
             fail_on_rebound,
-            known=cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype),
+            known=cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype, kernels),
             require_cache_hits=cls.needs_cache_hits,
         )
         if record.spec.sabotage:

@@ -53,6 +53,11 @@ class KnownIssue:
     dtypes: tuple[str, ...] = ()
     """Model dtypes it was measured in (empty: every dtype); e.g. the CPU oneDNN handles
     exist for float32 weights only."""
+    kernels: tuple[str, ...] = ()
+    """Quantized linear kernels it lives in, each a substring of an entry of the subject's
+    ``ModelInfo.quant_kernels`` (e.g. ``CPUInt8ScaledMMLinearKernel:_apply_weights_onednn``);
+    empty: any model. vLLM picks a kernel path per CPU (AMX or not), so this scopes an issue to
+    what actually ran, not to the checkpoint's format."""
 
     def applies(
         self,
@@ -62,13 +67,16 @@ class KnownIssue:
         architecture: str | None,
         dtype: str | None = None,
         engine: Mapping[str, object] | None = None,
+        kernels: tuple[str, ...] = (),
     ) -> bool:
         """Whether this issue is expected for a subject that ran ``path`` on ``device``
         (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, and (when
-        known) these engine settings."""
+        known) these engine settings and quantized kernels."""
         if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
             return False
         if engine is not None and any(engine.get(k) != v for k, v in self.engine_settings):
+            return False
+        if self.kernels and not any(want in ran for want in self.kernels for ran in kernels):
             return False
         if self.paths and path not in self.paths:
             return False
