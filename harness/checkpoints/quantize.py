@@ -23,8 +23,8 @@ dtypes and shapes are read from vLLM 0.32's loaders:
   activations (``CompressedTensorsW8A8Fp8``).
 - ``ct-fp8-static``: per-tensor e4m3 weights with a static per-tensor input scale
   (``weight_scale`` ``[1]``, ``input_scale`` ``[1]``).
-- ``fp8-block``: compressed-tensors e4m3 weights in 128 x 128 blocks (``weight_scale``
-  ``[N/128, K/128]``), dynamic per-group activations (DeepSeek-V3 style).
+- ``fp8-block``: compressed-tensors e4m3 weights in 64 x 128 blocks (``weight_scale``
+  ``[N/64, K/128]``), dynamic per-group activations (DeepSeek-V3 style, smaller N blocks).
 - ``fixture-boot-max-scale`` / ``fixture-fresh-max-scale``: the harness's planted quant
   fixture (``harness.worker.fixtures.quant``): int8 weights with one scale per checkpoint
   tensor, combined per fused module into a max scale.
@@ -296,8 +296,10 @@ def write_ct_fp8_static(floats: dict) -> tuple[dict, dict]:
     return out, _ct_config({"weights": weights, "input_activations": act}, "float-quantized")
 
 
-BLOCK = 128
-"""Block edge of the ``fp8-block`` format (the CPU fp8 block kernels take K blocks of 128 only)."""
+BLOCK = (64, 128)
+"""Block shape (N, K) of the ``fp8-block`` format: the CPU fp8 block kernels take K blocks of
+128 only and N blocks of a multiple of 32, and vLLM's loader needs every fused shard (the tiny
+models' k/v projections have 64 rows) to start on a block."""
 
 
 def write_fp8_block(floats: dict) -> tuple[dict, dict]:
@@ -305,15 +307,16 @@ def write_fp8_block(floats: dict) -> tuple[dict, dict]:
 
     lin, out = _split(floats)
     fmax = torch.finfo(torch.float8_e4m3fn).max
+    bn, bk = BLOCK
     for name, w in lin.items():
         w = w.float()
         n, k = w.shape
-        nb, kb = -(-n // BLOCK), -(-k // BLOCK)
-        padded = torch.zeros(nb * BLOCK, kb * BLOCK)
+        nb, kb = -(-n // bn), -(-k // bk)
+        padded = torch.zeros(nb * bn, kb * bk)
         padded[:n, :k] = w
-        blocks = padded.reshape(nb, BLOCK, kb, BLOCK)
-        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-8) / fmax  # [N/128, K/128]
-        q = (blocks / scale[:, None, :, None]).reshape(nb * BLOCK, kb * BLOCK)[:n, :k]
+        blocks = padded.reshape(nb, bn, kb, bk)
+        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-8) / fmax  # [N/bn, K/bk]
+        q = (blocks / scale[:, None, :, None]).reshape(nb * bn, kb * bk)[:n, :k]
         out[name], out[_prefix(name) + "weight_scale"] = q.clamp(-fmax, fmax).to(torch.float8_e4m3fn), scale
     weights = {
         "num_bits": 8,
@@ -321,9 +324,9 @@ def write_fp8_block(floats: dict) -> tuple[dict, dict]:
         "symmetric": True,
         "strategy": "block",
         "dynamic": False,
-        "block_structure": [BLOCK, BLOCK],
+        "block_structure": list(BLOCK),
     }
-    act = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "dynamic": True, "group_size": BLOCK}
+    act = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "dynamic": True, "group_size": bk}
     return out, _ct_config({"weights": weights, "input_activations": act}, "float-quantized")
 
 
@@ -377,7 +380,7 @@ CT_FP8_STATIC = QuantFormat(
 FP8_BLOCK = QuantFormat(
     "fp8-block",
     "compressed-tensors",
-    "e4m3 weights in 128x128 blocks, dynamic per-group fp8 activations",
+    "e4m3 weights in 64x128 blocks, dynamic per-group fp8 activations",
     write_fp8_block,
 )
 FIXTURE_BOOT_MAX_SCALE = QuantFormat(

@@ -121,7 +121,7 @@ def test_formats_write_the_tensors_vllms_loaders_read(written):
     f = h["ct-fp8-w8a8"]
     assert (f[q + "weight"].dtype, f[q + "weight_scale"].shape) == ("F8_E4M3", (128, 1))
     assert h["ct-fp8-static"][q + "input_scale"].shape == (1,) and h["ct-fp8-static"][q + "weight_scale"].shape == (1,)
-    assert h["fp8-block"][down + "weight_scale"].shape == (1, 2)  # [N/128, K/128]
+    assert h["fp8-block"][down + "weight_scale"].shape == (2, 2)  # [N/64, K/128]
     for fmt, hs in h.items():  # norms, embeddings, lm_head and biases stay float, as they were
         assert hs["lm_head.weight"].dtype == "F32" and hs["model.layers.0.input_layernorm.weight"].dtype == "F32", fmt
         assert hs["model.layers.0.self_attn.q_proj.bias"].dtype == "F32", fmt
