@@ -23,9 +23,12 @@ def prepare(
     cache: Path = DEFAULT_CACHE,
     sabotage: bool = False,
     damage: float | None = None,
+    online_quantization: str | None = None,
 ) -> CheckpointSet:
     """Resolve A (a directory or a hub id), check or make B, and make B' (and B without the
-    control tensor, for sabotaged refits; B damaged by ``damage``, for the accuracy probe)."""
+    control tensor, for sabotaged refits; B damaged by ``damage``, for the accuracy probe).
+    ``online_quantization``: the engines' ``quantization`` argument, if any (the automatic
+    control is then a tensor the quantized kernels read)."""
     a = resolve_model(model)
     headers = read_headers(a)
     if target:
@@ -36,7 +39,9 @@ def prepare(
     if control.tensor:
         tensor, reason = control.tensor, "given with --control-tensor"
     else:
-        tensor, reason = choose_control_tensor(headers, quantized=quantization_config(a) is not None)
+        tensor, reason = choose_control_tensor(
+            headers, quantized=quantization_config(a) is not None, online_quantization=online_quantization
+        )
         control = ControlSpec(tensor=tensor, scale=control.scale)
     b_control = with_control(b, control, cache)
     b_without = str(without_tensor(b, tensor, cache).resolve()) if sabotage else None

@@ -413,14 +413,35 @@ QUANT_FIXTURE_FAMILIES: tuple[QuantizedFamily, ...] = (
 )
 """The planted quantized fixture and its twin (``harness.worker.fixtures.quant``)."""
 
+_QWEN3_MOE = next(f for f in FAMILIES if f.label == "qwen3-moe")
+ONLINE_QUANT_FAMILIES: tuple[Family, ...] = (
+    replace(
+        _QWEN3,
+        label="qwen3-online-fp8",
+        covers="online quantization of the float checkpoint (quantization=fp8_per_channel): every projection "
+        "quantized at load to e4m3 with a per-channel scale, dynamic per-token fp8 activations",
+        engine_args=encode({"quantization": "fp8_per_channel"}),
+        dense=False,
+    ),
+    replace(
+        _QWEN3_MOE,
+        label="qwen3-moe-online-int8",
+        covers="online quantization (quantization=int8_per_channel_weight_only), which vLLM applies to MoE "
+        "experts only: the experts quantized at load to int8 with per-channel scales",
+        engine_args=encode({"quantization": "int8_per_channel_weight_only"}),
+    ),
+)
+"""Online quantization: float checkpoints run with a ``quantization`` engine argument (the
+engine quantizes at load and again on every reload)."""
+
 
 def family(label: str) -> Family:
     from harness.errors import CheckpointError
 
-    for f in ALL_FAMILIES:
+    for f in ALL_FAMILIES + ONLINE_QUANT_FAMILIES:
         if f.label == label:
             return f
-    known = [f.label for f in ALL_FAMILIES + QUANTIZED_FAMILIES + QUANT_FIXTURE_FAMILIES]
+    known = [f.label for f in ALL_FAMILIES + ONLINE_QUANT_FAMILIES + QUANTIZED_FAMILIES + QUANT_FIXTURE_FAMILIES]
     raise CheckpointError(f"unknown zoo family {label!r}; available: {known}")
 
 
