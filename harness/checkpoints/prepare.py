@@ -3,11 +3,12 @@ point that resolves a run's checkpoints (``CheckpointSet``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness.checkpoints.control import choose_control_tensor
 from harness.checkpoints.derived import damaged, perturbed, with_control, without_tensor
-from harness.checkpoints.quantize import quantization_config
+from harness.checkpoints.quantize import describe, quantization_config
 from harness.checkpoints.read import check_target, read_headers
 from harness.checkpoints.source import resolve_model
 from harness.settings import DEFAULT_CACHE
@@ -54,4 +55,13 @@ def prepare(
         control_reason=reason,
         b_without_control=b_without,
         b_damaged=b_damaged,
+        architecture=_architecture(a),
+        quantization=describe(quantization_config(a)),
     )
+
+
+def _architecture(directory: str | Path) -> str | None:
+    try:
+        return (json.loads((Path(directory) / "config.json").read_text()).get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError):
+        return None

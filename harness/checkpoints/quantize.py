@@ -456,6 +456,25 @@ def quantization_config(directory: str | Path) -> dict | None:
     return qc if isinstance(qc, dict) and qc else None
 
 
+def describe(qconfig: dict | None) -> str | None:
+    """A short name for a checkpoint's quantization, for known issues scoped on the format before
+    any engine ran: ``<quant_method>/<weight type>/<weight strategy>``, e.g.
+    ``compressed-tensors/float/block``, ``compressed-tensors/int/channel``, ``gptq/int/group``,
+    ``fp8/float/block``; None for a float checkpoint."""
+    if not qconfig:
+        return None
+    method = str(qconfig.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        groups = [g.get("weights") or {} for g in (qconfig.get("config_groups") or {}).values()]
+        weights = next((w for w in groups if w), {})
+        return f"{method}/{weights.get('type', '?')}/{weights.get('strategy', '?')}"
+    if method in ("gptq", "awq", "auto_gptq", "auto_awq", "gptq_marlin", "awq_marlin"):
+        return f"{method}/int/{'channel' if qconfig.get('group_size', -1) == -1 else 'group'}"
+    if method == "fp8":
+        return f"fp8/float/{'block' if qconfig.get('weight_block_size') else 'tensor'}"
+    return method
+
+
 def role_of(qconfig: dict, name: str, dtype: str) -> TensorRole | None:
     """The role of tensor ``name`` (safetensors dtype code ``dtype``) in a checkpoint with this
     ``quantization_config``; None for an ordinary float tensor (perturbed like any other) or an

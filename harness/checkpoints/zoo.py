@@ -365,22 +365,25 @@ QUANTIZED_FAMILIES: tuple[QuantizedFamily, ...] = (
         "(a oneDNN scaled-mm handler, transposed weight, azp_adj)",
     ),
     QuantizedFamily(
-        "qwen3-gptq-int4",
-        "qwen3",
+        "llama-gptq-int4",
+        "llama",
         "gptq-int4",
-        "GPTQ int4: CPUWNA16LinearKernel (re-blocked qweight, fp32 scales, a constant zero-point tensor, fp32 bias)",
+        "GPTQ int4: CPUWNA16LinearKernel's W4A8 path (re-blocked qweight, fp32 scales, a constant zero-point "
+        "tensor); no biases",
     ),
     QuantizedFamily(
         "qwen3-awq-int4",
         "qwen3",
         "awq-int4",
-        "AWQ int4 with zero points: AutoAWQMarlinLinearMethod converts to GPTQ layout, then CPUWNA16LinearKernel",
+        "AWQ int4 with zero points: AutoAWQMarlinLinearMethod converts to GPTQ layout, then CPUWNA16LinearKernel's "
+        "W4A8 path, which also converts the attention biases to fp32",
     ),
     QuantizedFamily(
         "qwen3-fp8-w8a8",
         "qwen3",
         "ct-fp8-w8a8",
-        "compressed-tensors fp8 W8A8, per-channel weights and dynamic per-token activations",
+        "compressed-tensors fp8 W8A8, per-channel weights and dynamic per-token activations "
+        "(ChannelWiseTorchFP8ScaledMMLinearKernel)",
     ),
     QuantizedFamily(
         "qwen3-fp8-static",
@@ -389,10 +392,17 @@ QUANTIZED_FAMILIES: tuple[QuantizedFamily, ...] = (
         "compressed-tensors fp8 W8A8, per-tensor weights and a static input scale",
     ),
     QuantizedFamily(
+        "llama-fp8-block",
+        "llama",
+        "fp8-block",
+        "fp8 weights in 64x128 blocks, dynamic per-group activations: CPUFp8BlockScaledMMKernel (VNNI-packed "
+        "fp8 weight); no biases",
+    ),
+    QuantizedFamily(
         "qwen3-fp8-block",
         "qwen3",
         "fp8-block",
-        "fp8 weights in 128x128 blocks with dynamic per-group activations",
+        "the same fp8 block format on a model with attention biases (as Qwen2/Qwen2.5 have)",
     ),
 )
 """The ``quantized`` scenario's families: the tiny Qwen3 of the zoo in each on-disk format."""

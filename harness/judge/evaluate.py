@@ -71,7 +71,10 @@ def evaluate(out: Path) -> Evaluation:
         control = renamed.get(record.checkpoints.control_tensor, record.checkpoints.control_tensor)
         env = dict(subject.environment)
         device = env.get("device", "cpu")
-        architecture = next((o.model.architecture for o in subject.observations), None)
+        # A cold start that raised observed nothing: the checkpoint says which model it is.
+        architecture = (
+            next((o.model.architecture for o in subject.observations), None) or record.checkpoints.architecture
+        )
         kernels = next((o.model.quant_kernels for o in subject.observations), ())
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
@@ -107,7 +110,14 @@ def evaluate(out: Path) -> Evaluation:
             c,
             record.spec.judge,
             fail_on_rebound,
-            known=cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype, kernels),
+            known=cls.known_issues_for(
+                device,
+                env.get("vllm"),
+                architecture,
+                record.spec.engine.dtype,
+                kernels,
+                record.checkpoints.quantization,
+            ),
             require_cache_hits=cls.needs_cache_hits,
         )
         if record.spec.sabotage:

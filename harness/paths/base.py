@@ -102,12 +102,13 @@ class ReloadPath:
         architecture: str | None = None,
         dtype: str | None = None,
         kernels: tuple[str, ...] = (),
+        quantization: str | None = None,
     ) -> KnownIssue | None:
         """The known issue expected for a subject of this path on an arm's recorded device
         (``cpu (x86_64)``, a GPU's name...), vLLM version, model class, dtype and quantized
         kernels: an architecture's or a kernel's issue (``harness.spec.known_issues``) first,
         then the path's own."""
-        return next(iter(cls.known_issues_for(device, vllm_version, architecture, dtype, kernels)), None)
+        return next(iter(cls.known_issues_for(device, vllm_version, architecture, dtype, kernels, quantization)), None)
 
     @classmethod
     def known_issues_for(
@@ -117,6 +118,7 @@ class ReloadPath:
         architecture: str | None = None,
         dtype: str | None = None,
         kernels: tuple[str, ...] = (),
+        quantization: str | None = None,
     ) -> tuple[KnownIssue, ...]:
         """Every known issue expected for such a subject, an architecture's or a kernel's first:
         a cell can hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format
@@ -125,12 +127,14 @@ class ReloadPath:
 
         # A "skip" issue never reaches the judge: its path was not started (SKIPPED).
         expected = [k for k in KNOWN_ISSUES if k.outcome == "xfail"]
-        specific = [k for k in expected if k.architectures or k.kernels]
-        general = list(cls.known_issues) + [k for k in expected if not (k.architectures or k.kernels)]
+        specific = [k for k in expected if k.architectures or k.kernels or k.quantization]
+        general = list(cls.known_issues) + [k for k in expected if not (k.architectures or k.kernels or k.quantization)]
         return tuple(
             k
             for k in specific + general
-            if k.applies(cls.name, device, vllm_version, architecture, dtype, kernels=kernels)
+            if k.applies(
+                cls.name, device, vllm_version, architecture, dtype, kernels=kernels, quantization=quantization
+            )
         )
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:

@@ -29,6 +29,13 @@ class CheckpointSet:
     b_damaged: str | None = None
     """B heavily damaged (``--accuracy`` only): the accuracy probe's discriminating-power arm
     cold-starts on it."""
+    architecture: str | None = None
+    """``architectures[0]`` of A's config.json: the model class known issues are scoped on when no
+    engine ever observed the model (a cold start that raised). Older records: None."""
+    quantization: str | None = None
+    """A's quantization format (``checkpoints.quantize.describe``, e.g.
+    ``compressed-tensors/float/block``), which known issues can be scoped on; None for a float
+    checkpoint and older records."""
 
     def directory(self, key: str) -> str:
         found = {"A": self.a, "B": self.b, "B_control": self.b_control, "B_damaged": self.b_damaged}[key]

@@ -340,8 +340,9 @@ def quant_kernels(model: nn.Module) -> tuple[str, ...]:
     """The quantized linear kernels the model's layers run, each as
     ``<quant method or scheme>/<kernel class>[:<the kernel's chosen method>]``, sorted and
     deduplicated, e.g. ``CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn``
-    (vLLM's CPU int8 kernel picks its AMX or oneDNN path per layer at load). Known issues of one
-    kernel path are scoped on these; unquantized layers are not listed."""
+    (vLLM's CPU int8 kernel picks its AMX or oneDNN path per layer at load) or
+    ``AutoGPTQLinearMethod/CPUWNA16LinearKernel:w4a8`` (the int4 kernel's ``layer.use_w4a8``). Known
+    issues of one kernel path are scoped on these; unquantized layers are not listed."""
     found = set()
     for module in model.modules():
         method = getattr(module, "quant_method", None)
@@ -358,6 +359,8 @@ def quant_kernels(model: nn.Module) -> tuple[str, ...]:
             continue
         chosen = getattr(kernel, "linear_method", None)
         suffix = f":{getattr(chosen, '__name__', type(chosen).__name__)}" if chosen is not None else ""
+        if isinstance(getattr(module, "use_w4a8", None), bool):  # CPUWNA16's per-layer choice
+            suffix += ":w4a8" if module.use_w4a8 else ":w4a16"
         found.add(f"{type(owner).__name__}/{type(kernel).__name__}{suffix}")
     return tuple(sorted(found))
 

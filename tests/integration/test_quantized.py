@@ -14,28 +14,33 @@ import json
 
 import pytest
 
-from harness.checkpoints.zoo import QUANTIZED_FAMILIES, tiny_model
+from harness.checkpoints.zoo import ONLINE_QUANT_FAMILIES, QUANTIZED_FAMILIES, tiny_model
 
 pytestmark = [pytest.mark.cpu]
-FAMILIES = tuple(f.label for f in QUANTIZED_FAMILIES)
+FAMILIES = tuple(f.label for f in QUANTIZED_FAMILIES + ONLINE_QUANT_FAMILIES)
 # Measured on vLLM 0.32.0 CPU, bf16, this machine's AMX (docs/quantized.md has the grid).
 EXPECTED = {
     "qwen3-w8a8-int8": "PASS",
     "qwen3-w8a8-int8-asym": "XFAIL",  # the oneDNN handler's dangling weight scale (known issue, repro)
-    "qwen3-gptq-int4": "PASS",
-    "qwen3-awq-int4": "PASS",
+    "llama-gptq-int4": "PASS",
+    "qwen3-awq-int4": "XFAIL",  # the W4A8 path's bias is not rounded on reload (known issue, repro)
     "qwen3-fp8-w8a8": "PASS",
     "qwen3-fp8-static": "SKIPPED",  # no CPU kernel for static fp8 activation quantization
-    "qwen3-fp8-block": "PASS",
+    "llama-fp8-block": "PASS",
+    "qwen3-fp8-block": "XFAIL",  # the CPU fp8 block kernel cannot take a bf16 bias (known issue, repro)
+    "qwen3-online-fp8": "PASS",
+    "qwen3-moe-online-int8": "XFAIL",
 }
-# What each family's quantized kernels read after the refit, which B moved and the census sees.
+# What each family's quantized kernels read after the refit, which B moved and the census sees:
+# each must be judged OK (not UNJUDGEABLE), whatever else in the cell failed.
 QUANTIZED_EVIDENCE = {
     "qwen3-w8a8-int8": ("self_attn.qkv_proj.weight", "self_attn.qkv_proj.weight_scale", "qkv_proj.bias_fp32"),
     "qwen3-w8a8-int8-asym": ("mlp.down_proj.azp_adj", "mlp.down_proj.weight_scale"),
-    "qwen3-gptq-int4": ("mlp.down_proj.qweight", "mlp.down_proj.scales"),
+    "llama-gptq-int4": ("mlp.down_proj.qweight", "mlp.down_proj.scales"),
     "qwen3-awq-int4": ("mlp.down_proj.qweight", "mlp.down_proj.scales", "mlp.down_proj.qzeros"),
     "qwen3-fp8-w8a8": ("mlp.down_proj.weight", "mlp.down_proj.weight_scale"),
-    "qwen3-fp8-block": ("mlp.down_proj.weight", "mlp.down_proj.weight_scale"),
+    "llama-fp8-block": ("mlp.down_proj.weight", "mlp.down_proj.weight_scale"),
+    "qwen3-online-fp8": ("mlp.down_proj.weight", "mlp.down_proj.weight_scale"),
 }
 
 
@@ -80,20 +85,15 @@ def test_every_quantized_family_gets_its_measured_verdict_and_none_is_a_harness_
 
 def test_every_pass_is_earned_on_quantized_evidence(quantized):
     """Its sabotaged twin is caught, and the quantized tensors the kernels read are judged OK,
-    not UNJUDGEABLE (A and B differ in every code and scale)."""
+    not UNJUDGEABLE (A and B differ in every code and scale); and so are the quantized kernels'
+    outputs of a family that passes."""
     for label, evidence in QUANTIZED_EVIDENCE.items():
         path = cell(quantized, label)["paths"]["reload_weights"]
-        if EXPECTED[label] == "PASS":
-            assert path["sabotage"]["caught"], (label, path["sabotage"])
+        assert path["sabotage"]["caught"], (label, path["sabotage"])
         rows = refit_rows(quantized, label)
         for suffix in evidence:
             hits = [r for r in rows if r["tensor"].endswith(suffix) and ".layers.0." in r["tensor"]]
-            assert hits and all(r["status"] == ("OK" if EXPECTED[label] == "PASS" else r["status"]) for r in hits), (
-                label,
-                suffix,
-                hits,
-            )
-            assert all(r["status"] != "UNJUDGEABLE" for r in hits), (label, suffix, hits)
+            assert hits and all(r["status"] == "OK" for r in hits), (label, suffix, hits)
         kernels = [r for r in rows if "<kernel-output" in r["tensor"]]
         assert kernels, label  # the probes ran every quantized kernel
         if EXPECTED[label] == "PASS":
@@ -103,9 +103,11 @@ def test_every_pass_is_earned_on_quantized_evidence(quantized):
 def test_the_control_is_a_scale_a_quantized_kernel_reads(quantized):
     for label in QUANTIZED_EVIDENCE:
         s = cell(quantized, label)
-        assert s["checkpoints"]["control_reason"].startswith("automatic: a quantized checkpoint"), label
-        leaf = "scales" if label in ("qwen3-gptq-int4", "qwen3-awq-int4") else "weight_scale"
+        online = label in {f.label for f in ONLINE_QUANT_FAMILIES}
+        leaf = "scales" if "gptq" in label or "awq" in label else "weight" if online else "weight_scale"
         assert s["checkpoints"]["control_tensor"] == f"model.layers.0.mlp.down_proj.{leaf}", label
+        why = "automatic: the engine quantizes online" if online else "automatic: a quantized checkpoint"
+        assert s["checkpoints"]["control_reason"].startswith(why), label
         ctl = s["paths"]["reload_weights"]["positive_control"]
         assert ctl["detected"] and ctl["tokens_moved"], (label, ctl)
 
@@ -130,6 +132,17 @@ def test_the_oneDNN_int8_reload_bug_is_a_known_issue_scoped_to_that_kernel(quant
 def test_a_format_without_a_cpu_kernel_is_skipped_with_vllms_words(quantized):
     reasons = cell(quantized, "qwen3-fp8-static")["paths"]["reload_weights"]["reasons"]
     assert any("vLLM cannot start this engine here" in r and "static_scaled_fp8_quant" in r for r in reasons), reasons
+
+
+def test_the_int4_bias_and_fp8_block_bias_findings_are_known_issues(quantized):
+    """The W4A8 int4 path leaves a reloaded bias unrounded (only the bias and the probes that add
+    it fail); the fp8 block kernel cannot start with a bf16 bias (every arm raises). Both bias-free
+    Llama variants of the same kernels pass."""
+    awq = cell(quantized, "qwen3-awq-int4")["paths"]["reload_weights"]
+    assert "bias is not rounded" in awq["reasons"][0] or "converts the bias in place" in awq["reasons"][0], awq
+    assert ".bias" in awq["first_divergent_tensor"], awq["first_divergent_tensor"]
+    block = cell(quantized, "qwen3-fp8-block")["paths"]["reload_weights"]
+    assert any("expected scalar type Float but found BFloat16" in r for r in block["reasons"]), block["reasons"]
 
 
 def test_the_boot_time_max_scale_fails_naming_it(boot_max_scale):

@@ -252,6 +252,18 @@ def test_the_control_of_a_quantized_checkpoint_is_a_scale_its_kernel_reads(writt
     assert (moved.abs() == 1).all()
 
 
+def test_a_checkpoints_quantization_is_described_for_known_issues(written):
+    from harness.checkpoints.quantize import describe
+
+    names = {fmt: describe(quantization_config(d)) for fmt, d in written.items()}
+    assert names["fp8-block"] == "compressed-tensors/float/block"
+    assert names["ct-w8a8-int8"] == "compressed-tensors/int/channel"
+    assert names["gptq-int4"] == "gptq/int/group" and names["awq-int4"] == "awq/int/group"
+    assert describe(None) is None and describe({"quant_method": "fp8", "weight_block_size": [128, 128]}) == (
+        "fp8/float/block"
+    )
+
+
 def test_every_format_is_registered():
     assert set(REAL_FORMATS) <= set(QUANT_FORMATS.names())
 
@@ -278,7 +290,17 @@ def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran(
     from harness.paths import PATHS
     from harness.spec.known_issues import KNOWN_ISSUES
 
-    issue = next(k for k in KNOWN_ISSUES if k.kernels)
+    issue = next(k for k in KNOWN_ISSUES if "CPUInt8ScaledMMLinearKernel:_apply_weights_onednn" in k.kernels)
+    w4a8 = next(k for k in KNOWN_ISSUES if "CPUWNA16LinearKernel:w4a8" in k.kernels)
+    ran = ("AutoAWQMarlinLinearMethod/CPUWNA16LinearKernel:w4a8",)
+    assert w4a8.applies("reload_weights", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran)
+    assert not w4a8.applies("reload_weights", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran[:0])
+    assert not w4a8.applies("reload_weights", "cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", kernels=ran)  # no bias
+    block = next(k for k in KNOWN_ISSUES if k.quantization)
+    fp8_block = "compressed-tensors/float/block"
+    assert block.applies("http_reload", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", quantization=fp8_block)
+    assert not block.applies("http_reload", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16")  # float checkpoint
+    assert not block.applies("http_reload", "cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", quantization=fp8_block)
     onednn = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",)
     amx = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_sgl",)
     assert issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
@@ -324,7 +346,8 @@ def test_the_census_names_the_quantized_kernels_a_model_runs():
         linear(UnquantizedLinearMethod()),
         linear(type("AutoGPTQLinearMethod", (), {"kernel": type("CPUWNA16LinearKernel", (), {})()})()),
     )
+    model[2].use_w4a8 = True  # CPUWNA16 records its per-layer path on the layer
     assert quant_kernels(model) == (
-        "AutoGPTQLinearMethod/CPUWNA16LinearKernel",
+        "AutoGPTQLinearMethod/CPUWNA16LinearKernel:w4a8",
         "CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",
     )
