@@ -86,33 +86,35 @@ class QuantFormat:
 
 
 def quantized(source: str | Path, fmt: str, dest: Path) -> Path:
-    """Write ``dest``: ``source`` (a float checkpoint) with its linear projections quantized in
-    format ``fmt`` (one file, ``model.safetensors``; config and tokenizer copied, the config
-    given the format's ``quantization_config``). Deterministic: no randomness, so the same
-    source always gives the same bytes."""
+    """``dest``: ``source`` (a float checkpoint) with its linear projections quantized in format
+    ``fmt``, written once across processes (``harness.cache.cached_variant``)."""
+    from harness.cache import cached_variant
+
+    return cached_variant(dest, lambda staging: write_quantized(source, fmt, staging))
+
+
+def write_quantized(source: str | Path, fmt: str, staging: Path) -> None:
+    """Write into the empty directory ``staging`` the checkpoint ``source`` with its linear
+    projections quantized in format ``fmt``: one file, ``model.safetensors``; config and tokenizer
+    copied, the config given the format's ``quantization_config``. Deterministic: no randomness,
+    so the same source always gives the same bytes."""
     from safetensors.torch import save_file
 
     quant = QUANT_FORMATS.get(fmt)
-    files = weight_files(source)
-    floats = dict(safetensors_files.tensors(files))
+    floats = dict(safetensors_files.tensors(weight_files(source)))
     tensors, qconfig = quant.write(floats)
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    staging.mkdir(parents=True, exist_ok=True)
     for f in Path(source).iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != safetensors_files.INDEX:
-            shutil.copy2(f, tmp / f.name)
-    config = json.loads((tmp / "config.json").read_text())
+            shutil.copy2(f, staging / f.name)
+    config = json.loads((staging / "config.json").read_text())
     config["quantization_config"] = qconfig
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
     save_file(
         {k: v.contiguous() for k, v in sorted(tensors.items())},
-        str(tmp / "model.safetensors"),
+        str(staging / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
 
 
 def recipe_key(fmt: str) -> str:

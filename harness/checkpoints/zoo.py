@@ -464,13 +464,11 @@ def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
     A quantized family is its float family's checkpoint written in its format."""
     quant = quantized_family(label)
     if quant is not None:
-        from harness.checkpoints.quantize import quantized, recipe_key
+        from harness.checkpoints.quantize import recipe_key, write_quantized
 
         base = tiny_model(quant.base, seed, cache)
         dest = cache / "models" / f"zoo-{quant.label}-{base.name.rsplit('-', 1)[-1]}-{recipe_key(quant.quantization)}"
-        if (dest / "config.json").is_file() and any(dest.glob("*.safetensors")):
-            return dest
-        return quantized(base, quant.quantization, dest)
+        return cached_variant(dest, lambda staging: write_quantized(base, quant.quantization, staging), _complete)
     fam = family(label)
     recipe = json.dumps(
         {
