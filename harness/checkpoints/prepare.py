@@ -55,13 +55,20 @@ def prepare(
         control_reason=reason,
         b_without_control=b_without,
         b_damaged=b_damaged,
-        architecture=_architecture(a),
+        architecture=(_config(a).get("architectures") or [None])[0],
+        tied_embeddings=_tied(_config(a)),
         quantization=describe(quantization_config(a)),
     )
 
 
-def _architecture(directory: str | Path) -> str | None:
+def _config(directory: str | Path) -> dict:
     try:
-        return (json.loads((Path(directory) / "config.json").read_text()).get("architectures") or [None])[0]
-    except (OSError, ValueError, AttributeError):
-        return None
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _tied(config: dict) -> bool | None:
+    tied = config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings"))
+    return tied if isinstance(tied, bool) else None

@@ -117,6 +117,7 @@ def evaluate(out: Path) -> Evaluation:
                 record.spec.engine.dtype,
                 kernels,
                 record.checkpoints.quantization,
+                record.checkpoints.tied_embeddings,
             ),
             require_cache_hits=cls.needs_cache_hits,
         )
