@@ -377,3 +377,25 @@ def test_prepare_records_what_known_issues_are_scoped_on(written, tmp_path):
         "compressed-tensors/float/block",
         None,
     )
+
+
+def test_the_quantized_scenario_runs_every_format_and_the_online_quantizations():
+    from harness.checkpoints.zoo import ONLINE_QUANT_FAMILIES, QUANTIZED_FAMILIES, family
+    from harness.spec.engine_config import decode
+    from harness.spec.scenario import expand
+    from scenarios import SCENARIOS
+
+    spec = SCENARIOS.get("quantized")()
+    labels = [m.label for m in spec.models]
+    assert labels == [f.label for f in QUANTIZED_FAMILIES + ONLINE_QUANT_FAMILIES]
+    assert spec.dtypes == ("bfloat16",) and spec.sabotage
+    online = {m.label: decode(m.engine_args) for m in spec.models if m.engine_args}
+    assert online == {
+        "qwen3-online-fp8": {"quantization": "fp8_per_channel"},
+        "qwen3-moe-online-int8": {"quantization": "int8_per_channel_weight_only"},
+    }
+    assert family("qwen3-moe-online-int8").architecture == "Qwen3MoeForCausalLM"
+    groups = expand(spec, only=("reload_weights[*",))
+    assert len(groups) == len(labels) and all(g.spec.engine.dtype == "bfloat16" for g in groups)
+    fp8 = next(g for g in groups if g.model.label == "qwen3-online-fp8")
+    assert decode(fp8.spec.engine.engine_args) == {"quantization": "fp8_per_channel"}
