@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel", "number"]
-ArmRole = Literal["reference", "noise", "mode_reference", "subject", "damaged"]
+ArmRole = Literal[
+    "reference", "noise", "mode_reference", "lora_reference", "lora_noise", "trainer_reference", "subject", "damaged"
+]
 ArmStatus = Literal["ok", "error"]
 
 
@@ -82,6 +84,32 @@ class PromptOutput:
     where the engine does not say."""
     text: str | None = None
     """The generated tokens decoded with the checkpoint's own tokenizer (text prompts only)."""
+
+
+@dataclass(frozen=True)
+class InFlightRequest:
+    """A streaming request that was generating when a refit paused the engine
+    (``/pause?mode=keep`` ... ``/resume``), followed to its end."""
+
+    prompt: int
+    """Index of the prompt in the spec's prompt list."""
+    tokens_before_pause: tuple[int, ...]
+    """Tokens streamed before ``/pause`` answered (computed with the old weights)."""
+    tokens_while_paused: int
+    """Tokens streamed between ``/pause`` answering and ``/resume`` (``keep`` promises none)."""
+    tokens_after_resume: tuple[int, ...]
+    """Tokens streamed after ``/resume`` (the rest of the request)."""
+    finish_reason: str | None
+    """How the request ended (``length``: it ran to its token budget); None if it never ended."""
+    error: str | None
+    """What went wrong with the request (an HTTP error, a broken stream), or None."""
+    fresh_divergence: int | None
+    """First index where ``tokens_after_resume`` differs from a fresh request on the prompt plus
+    ``tokens_before_pause``, sent after the resume (the new weights computing the same prefix
+    from scratch); None: identical."""
+    fresh_max_logprob_diff: float
+    """Largest |logprob difference| of the chosen tokens against that fresh request, up to the
+    first divergence (0.0: the resumed request computed exactly what the new weights compute)."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +228,9 @@ class Observation:
     """Post-load hooks on the model and their call counts so far."""
     unobserved: tuple[UnobservedRecord, ...] = ()
     """What the census could not observe on any rank, with the reason (older records: none)."""
+    in_flight: tuple[InFlightRequest, ...] = ()
+    """Requests that were generating while the refit before this observation ran, followed to
+    their end (paths that refit a serving engine under ``/pause``; others: none)."""
 
     def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord) -> str:
         """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more

@@ -31,6 +31,9 @@ GPU_PATHS = (
     "dummy_start",
     "prefix_cache",
     "http_reload",
+    "http_weight_transfer",
+    "trainer_steps",
+    "trainer_steps_gloo",
     "sleep_level1",
     "sleep_level2",
     "transfer_nccl",
@@ -38,6 +41,13 @@ GPU_PATHS = (
     "transfer_sparse_nccl",
     "transfer_sharded_rdt",
     "transfer_nccl_m2n",
+    # The refit calls RL frameworks make (issue 21): raw load_weights runs on a GPU (its CPU refusal
+    # is vLLM's design), and the LoRA paths.
+    "raw_load_weights",
+    "lora_inplace",
+    "lora_inplace_prefix_cache",
+    "lora_inplace_same_path",
+    "lora_base_reload",
 )
 
 

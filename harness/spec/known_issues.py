@@ -66,6 +66,9 @@ class KnownIssue:
     """Checkpoint quantization formats it applies to (``CheckpointSet.quantization``, e.g.
     ``compressed-tensors/float/block``); empty: any checkpoint. For an issue that stops the engine
     before the census can say which kernel ran."""
+    tokens_only: bool = False
+    """It explains a failure that only the tokens show, with every tensor and kernel input right
+    and prefix-cache hits after the refit: outputs served from stale cached KV."""
 
     def applies(
         self,
@@ -108,6 +111,23 @@ class KnownIssue:
                 return False
             return version is not None and any(version in SpecifierSet(spec) for spec in self.vllm)
         return True
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refit vLLM declines by design on a device, as measured: the path ran, vLLM raised this,
+    and the verdict is SKIPPED with vLLM's own words. Not a ``KnownIssue``: nothing is broken
+    that a fix would make pass (an XPASS would never come); the supported API is elsewhere."""
+
+    device: Literal["cpu", "cuda"]
+    """Where vLLM declines it (the arm's recorded device)."""
+    error_contains: str
+    """Text of vLLM's error that identifies the refusal; any other error stays an ERROR."""
+    reason: str
+    """Why vLLM declines it, shown with the verdict beside vLLM's message."""
+
+    def matches(self, device: str, error: str) -> bool:
+        return self.device == ("cpu" if device.startswith("cpu") else "cuda") and self.error_contains in error
 
 
 # Declared only where measured (bf16, vLLM 0.32, `refit-harness run -s zoo`): every path that

@@ -159,6 +159,26 @@ class AccuracyPrompts:
 
 
 @dataclass(frozen=True)
+class TrainerSpec:
+    """The live trainer of the trainer paths: a transformers model of checkpoint A in fp32,
+    trained with AdamW on the next-token loss over the run's prompts. Each optimizer step's
+    weights are one oracle target (``T<k>``), judged against a cold start on that step's
+    ``save_pretrained``."""
+
+    steps: int = 2
+    """Optimizer steps, one verdict each."""
+    lr: float = 5.0e-3
+    """AdamW learning rate: large enough that every tensor still moves after a cast to bf16
+    (Adam moves each element by about ``lr`` a step; bf16 spaces values near 1 by 2**-7)."""
+    threads: int = 1
+    """CPU threads of every trainer step: a step's result depends on the thread count (the
+    reductions of the backward pass split by threads), and the prepared steps and the live
+    trainer must compute the same weights."""
+    seed: int = 0
+    """``torch.manual_seed`` before the trainer is built."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One oracle run: checkpoints, paths and settings."""
 
@@ -180,6 +200,8 @@ class RunSpec:
     """Tolerances and policies of the verdict."""
     arm_timeout_s: float = DEFAULT_ARM_TIMEOUT_S
     """An arm running longer than this is killed and marked ERROR."""
+    trainer: TrainerSpec = field(default_factory=TrainerSpec)
+    """The live trainer of the trainer paths (``trainer_steps``, ``trainer_steps_gloo``)."""
     sabotage: bool = False
     """Also run each path's sabotaged twin (the one step the path exists for, skipped or
     broken) in the same engine. A twin that is not caught makes the path INCONCLUSIVE."""
@@ -202,3 +224,8 @@ class RunSpec:
     """Regular expressions (searched) of census names the cold-B reference must observe: the
     state the engine configuration's kernels read (a scenario's ``EngineConfig.expect_census``).
     One never observed makes a PASS INCONCLUSIVE, naming it."""
+    lora: str | None = None
+    """PEFT adapter directory A served by LoRA paths' engines; None: the harness writes a
+    deterministic adapter for the model (only when a LoRA path runs)."""
+    lora_target: str | None = None
+    """PEFT adapter directory B of the ``lora_inplace`` refit; None: A perturbed in every tensor."""

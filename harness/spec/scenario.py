@@ -69,6 +69,10 @@ class ScenarioSpec:
     """How B is made from A (ignored when ``target`` is set)."""
     target: str | None = None
     """A fixed checkpoint B for every model, instead of a perturbation."""
+    lora: str | None = None
+    """A fixed PEFT adapter A for the LoRA paths of every model (None: the harness writes one per model)."""
+    lora_target: str | None = None
+    """A fixed PEFT adapter B for ``lora_inplace`` (None: adapter A perturbed)."""
     prompts: PromptSpec = field(default_factory=PromptSpec)
     """Prompts for every cell."""
     judge: JudgePolicy = field(default_factory=JudgePolicy)
@@ -155,6 +159,8 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                             expected_census=config.expect_census,
                             requires_device=config.devices,
                             requires_reason=config.skip_reason,
+                            lora=s.lora,
+                            lora_target=s.lora_target,
                         )
                         groups.append(CellGroup(id=gid, model=m, spec=spec))
     return tuple(groups)

@@ -34,6 +34,10 @@ _SKIP_ATTRS = frozenset(
         "_state_dict_hooks",
         "_load_state_dict_pre_hooks",
         "kv_cache",
+        # A LoRA layer's punica wrapper holds the last batch's token-to-adapter indices: per-step
+        # scheduling state rebuilt before every forward, like the KV cache, not weights.
+        "punica_wrapper",
+        "punica_wrapper_mapping",
     }
 )
 # Object types whose attributes are configuration, never kernel state.

@@ -36,6 +36,25 @@ class RefitObserver:
         tensors = list(safetensors_files.tensors(safetensors_files.files(checkpoint_dir), exclude=exclude or ()))
         self.reload_weights(weights_iterator=iter(tensors))
 
+    def refit_harness_raw_load_weights(self, checkpoint_dir: str, exclude: list[str] | None = None) -> int:
+        """``model.load_weights(iterator)`` under ``torch.no_grad()``, the call colocated trainers
+        make (verl's sharding managers, TRL's colocate mode), not vLLM's layerwise
+        ``reload_weights``: no post-load hook runs. ``exclude``: names left out of the feed (a
+        sabotaged refit). Returns how many parameters vLLM says it loaded."""
+        import torch
+
+        from harness import safetensors_files
+
+        tensors = safetensors_files.tensors(safetensors_files.files(checkpoint_dir), exclude=exclude or ())
+        with torch.no_grad():
+            loaded = self.get_model().load_weights(iter(list(tensors)))
+        return len(loaded) if loaded is not None else -1
+
+    def refit_harness_load_tensors(self, tensors: list) -> None:
+        """reload_weights fed a trainer's ``(name, tensor)`` pairs as they were sent: its own
+        names and dtype, for vLLM's loaders to map, pack and cast."""
+        self.reload_weights(weights_iterator=iter(tensors))
+
     def refit_harness_save_kernel_state(self, directory: str) -> None:
         """vLLM's sharded-state saver, one subdirectory per rank: the tensors exactly as this
         rank's kernels hold them (fused, repacked, already sharded)."""
@@ -203,6 +222,12 @@ class RefitObserver:
             for t in kv if isinstance(kv, (list, tuple)) else [kv]:
                 if t is not None and t.numel() > 0:
                     ptrs.add(t.untyped_storage().data_ptr())
+        # A LoRA engine's per-step adapter indices: batch state too (which adapter each token used).
+        from harness.worker.vllm_private import lora_step_tensors
+
+        for t in lora_step_tensors(self.get_model()):
+            if t.numel() > 0:
+                ptrs.add(t.untyped_storage().data_ptr())
         return frozenset(ptrs)
 
 
