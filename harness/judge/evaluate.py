@@ -137,6 +137,7 @@ def evaluate(out: Path) -> Evaluation:
                 env.get("vllm"),
                 architecture,
                 record.spec.engine.dtype,
+                cpu_flags_of(subject, record),
                 kernels,
                 record.checkpoints.quantization,
                 record.checkpoints.tied_embeddings,
@@ -175,6 +176,7 @@ def evaluate(out: Path) -> Evaluation:
                 env.get("vllm"),
                 architecture,
                 record.spec.engine.dtype,
+                cpu_flags_of(subject, record),
                 kernels,
                 record.checkpoints.quantization,
                 record.checkpoints.tied_embeddings,
@@ -200,6 +202,13 @@ def evaluate(out: Path) -> Evaluation:
     return Evaluation(
         record=record, arms=tuple(results.values()), comparisons=tuple(comparisons), verdicts=tuple(verdicts)
     )
+
+
+def cpu_flags_of(subject: ArmResult, record: RunRecord) -> tuple[str, ...] | None:
+    """The CPU capabilities the subject's vLLM saw (its worker's record), else the machine's
+    as the run recorded it; None in records from before capabilities were recorded."""
+    cpu = subject.cpu or record.cpu
+    return cpu.flags if cpu is not None else None
 
 
 def _labels(arm: ArmPlan, owner: str) -> tuple[str, ...]:

@@ -109,15 +109,18 @@ class ReloadPath:
         vllm_version: str | None = None,
         architecture: str | None = None,
         dtype: str | None = None,
+        cpu_flags: tuple[str, ...] | None = None,
         kernels: tuple[str, ...] = (),
         quantization: str | None = None,
         tied_embeddings: bool | None = None,
     ) -> KnownIssue | None:
         """The known issue expected for a subject of this path on an arm's recorded device
-        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class, dtype and quantized
-        kernels: an architecture's or a kernel's issue (``harness.spec.known_issues``) first,
-        then the path's own."""
-        issues = cls.known_issues_for(device, vllm_version, architecture, dtype, kernels, quantization, tied_embeddings)
+        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class, dtype, CPU capabilities
+        and quantized kernels: an architecture's or a kernel's issue (``harness.spec.known_issues``)
+        first, then the path's own."""
+        issues = cls.known_issues_for(
+            device, vllm_version, architecture, dtype, cpu_flags, kernels, quantization, tied_embeddings
+        )
         return next(iter(issues), None)
 
     @classmethod
@@ -127,6 +130,7 @@ class ReloadPath:
         vllm_version: str | None = None,
         architecture: str | None = None,
         dtype: str | None = None,
+        cpu_flags: tuple[str, ...] | None = None,
         kernels: tuple[str, ...] = (),
         quantization: str | None = None,
         tied_embeddings: bool | None = None,
@@ -149,6 +153,7 @@ class ReloadPath:
                 vllm_version,
                 architecture,
                 dtype,
+                cpu_flags=cpu_flags,
                 kernels=kernels,
                 quantization=quantization,
                 tied_embeddings=tied_embeddings,

@@ -307,8 +307,8 @@ def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran(
     assert not issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=amx)
     assert not issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16")
     path = PATHS.get("reload_weights")
-    assert issue in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", onednn)
-    assert issue not in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", amx)
+    assert issue in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
+    assert issue not in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=amx)
 
 
 def test_the_census_names_the_quantized_kernels_a_model_runs():
@@ -360,8 +360,8 @@ def test_the_tied_head_issue_is_not_expected_of_an_untied_model_of_the_same_clas
     from harness.paths import PATHS
 
     path = PATHS.get("reload_weights")
-    tied = [k for k in path.known_issues_for("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", (), None, True)]
-    untied = [k for k in path.known_issues_for("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", (), None, False)]
+    tied = [k for k in path.known_issues_for("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", tied_embeddings=True)]
+    untied = [k for k in path.known_issues_for("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", tied_embeddings=False)]
     assert any("tied lm_head" in k.title for k in tied)
     assert not any("tied lm_head" in k.title for k in untied)
 
