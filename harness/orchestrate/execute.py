@@ -181,6 +181,7 @@ def prepare(
             spec.control,
             sabotage=spec.sabotage,
             damage=spec.accuracy.damage if spec.accuracy else None,
+            online_quantization=spec.engine.vllm_kwargs().get("quantization"),
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
