@@ -39,7 +39,7 @@ from harness.settings import STAGE_DIR_ENV
 
 @dataclass(frozen=True)
 class FanoutSpec:
-    """How arms are spread over Ray."""
+    """How arms are spread over Ray (or over this machine's CPUs without it)."""
 
     address: str | None = None
     """Ray address to join (``ray://...`` or ``auto``); None starts a local Ray for this run."""
@@ -52,6 +52,9 @@ class FanoutSpec:
     the nodes that offer it."""
     stage_checkpoints: bool | None = None
     """Copy checkpoints to each node through the object store; None: only when joining a cluster."""
+    ray: bool = True
+    """Arms as Ray actors; False: as processes of this machine, without Ray
+    (``harness.orchestrate.processes``: same limits, none of a local Ray's start-up)."""
 
 
 def check_ray_address(address: str | None, allow_remote: bool) -> None:
