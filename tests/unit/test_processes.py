@@ -109,3 +109,20 @@ def test_the_default_executor_is_processes_on_a_cpu_and_ray_where_ray_is_needed(
     assert executor_is_ray("ray", None, ()) is True and executor_is_ray("processes", None, ()) is False
     with pytest.raises(UsageError, match="need --executor ray"):
         executor_is_ray("processes", "127.0.0.1:6379", ())
+
+
+def test_arms_at_once_count_the_page_cache_the_kernel_gives_back(tmp_path, two_cpus, monkeypatch):
+    """Measured here: 4.0 GiB free, 21.5 GiB available (page cache). Free pages alone allowed one
+    arm at a time on this 2-core machine, every run and every cell group."""
+    from harness.orchestrate import fanout
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24730624 kB\nMemFree:         4198484 kB\nMemAvailable:   22496416 kB\n")
+    assert fanout.available_memory(meminfo) == 22496416 * 1024
+    (tmp_path / "no-meminfo").write_text("nothing here\n")
+    assert fanout.available_memory(tmp_path / "no-meminfo") > 0  # free pages, where MemAvailable is missing
+    monkeypatch.setattr(fanout, "available_memory", lambda: 22496416 * 1024)
+    assert fanout.local_concurrency(FanoutSpec()) == 2  # 4 GiB an arm: the CPUs are the limit
+    assert fanout.local_concurrency(FanoutSpec(max_concurrent=1)) == 1
+    monkeypatch.setattr(fanout, "available_memory", lambda: 6 << 30)
+    assert fanout.local_concurrency(FanoutSpec()) == 1  # memory for one arm only
