@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from harness.records import ArmRole, ObservationLabel, ProbeLabel
 from harness.spec.build import BuildSpec
-from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.checkpoint_set import CheckpointSet, trainer_target
 from harness.spec.requirements import EngineRequirements, RefitTarget
-from harness.spec.run import AccuracyPrompts, DigestChoice, EngineSpec, PromptSpec, RunSpec, ThroughputSpec
+from harness.spec.run import AccuracyPrompts, DigestChoice, EngineSpec, PromptSpec, RunSpec, ThroughputSpec, TrainerSpec
 
 OBSERVATION_OF = {"B": "warm_B", "B_control": "warm_B_control", "A": "warm_A"}
 SABOTAGE = "~sabotage"
@@ -31,11 +31,39 @@ class PathNeeds:
     sabotage_targets: tuple[RefitTarget, ...] = ("B", "A")
     """Its sabotaged twin's refits: the first is sabotaged, the rest are real refits that
     leave the engine as the next segment expects."""
+    trains: bool = False
+    """A live trainer makes its targets: its refits are the trainer's optimizer steps
+    (``trainer_targets``), each judged against a cold start on that step's weights."""
 
     @classmethod
     def of(cls, path_class) -> PathNeeds:
         """What a reload path class declares (``harness.paths.base.ReloadPath`` attributes)."""
-        return cls(path_class.requirements, path_class.refit_targets, path_class.sabotage_targets)
+        return cls(
+            path_class.requirements,
+            path_class.refit_targets,
+            path_class.sabotage_targets,
+            trains=getattr(path_class, "trains", False),
+        )
+
+
+def trainer_targets(steps: int, sabotage: bool = False) -> tuple[RefitTarget, ...]:
+    """A trainer path's refits: each optimizer step ``T1``..``TK``; the last step sent again
+    (idempotency) and with the control tensor scaled (positive control); back to A (round trip).
+    Its sabotaged twin (``sabotage``): one more step, ``T<K+1>``, sent without one parameter, then A."""
+    if sabotage:
+        return (trainer_target(steps + 1), "A")
+    last = trainer_target(steps)
+    return tuple(trainer_target(k) for k in range(1, steps + 1)) + (last, trainer_target(steps, control=True), "A")
+
+
+def trainer_reference_name(step: int) -> str:
+    """The arm that cold-starts on the trainer's step ``step``: the reference of that step."""
+    return f"reference-{trainer_target(step)}"
+
+
+def observation_stage(target: RefitTarget) -> str:
+    """The stage observed after a refit to ``target`` (``warm_B``, ``warm_T2``...)."""
+    return OBSERVATION_OF.get(target) or f"warm_{target}"
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,20 @@ class ArmPlan:
     """Prompts of the arm's ``accuracy`` steps, if any."""
     digest: DigestChoice = "auto"
     """How the arm digests tensors; the algorithm it resolved to is in its result's environment."""
+    adapters: CheckpointSet | None = None
+    """The run's LoRA adapters A, B and B' (a LoRA engine serves one of them); None without LoRA."""
+
+    @property
+    def refit_checkpoints(self) -> CheckpointSet:
+        """What this arm's A, B and B' are: the adapters for a LoRA ``adapter`` engine, else the
+        base weights."""
+        if self.requirements.lora == "adapter":
+            assert self.adapters is not None, "a LoRA adapter arm without adapters"
+            return self.adapters
+        return self.checkpoints
+
+    trainer: TrainerSpec | None = None
+    """The live trainer of the arm's trainer paths (``PathNeeds.trains``); None without one."""
 
     @property
     def cold_label(self) -> ObservationLabel:
@@ -150,7 +192,7 @@ def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False
     seen: set[str] = set()
     owner = sabotaged_twin(path) if sabotaged else path
     for i, target in enumerate(targets):
-        stage = OBSERVATION_OF[target]
+        stage = observation_stage(target)
         if stage in seen:
             stage += "_again"
         seen.add(stage)
@@ -161,13 +203,28 @@ def segment(path: str, targets: tuple[RefitTarget, ...], sabotaged: bool = False
     return tuple(steps)
 
 
+def lora_reference_name(role: str) -> str:
+    """The cold-B LoRA arm of a LoRA role (``adapter``: base A serving adapter B; ``base``: base
+    B serving adapter A)."""
+    return f"reference-lora-{role}"
+
+
+def lora_noise_name(role: str) -> str:
+    """The second cold-B LoRA arm of a role: the noise floor of LoRA engines."""
+    return f"noise-lora-{role}"
+
+
 def mode_reference_name(mode: str) -> str:
     """The cold-B arm in engine mode ``mode``, for subjects whose mode is not the run's."""
     return f"reference-{mode}"
 
 
 def make_plan(
-    spec: RunSpec, checkpoints: CheckpointSet, paths: dict[str, PathNeeds], unavailable: dict[str, str]
+    spec: RunSpec,
+    checkpoints: CheckpointSet,
+    paths: dict[str, PathNeeds],
+    unavailable: dict[str, str],
+    adapters: CheckpointSet | None = None,
 ) -> Plan:
     """``paths`` maps each requested path to what the planner needs of it; ``unavailable``
     maps a path to the reason it cannot run on this machine. With ``spec.sabotage`` each
@@ -198,6 +255,7 @@ def make_plan(
             throughput=spec.throughput,
             accuracy=accuracy,
             digest=spec.digest,
+            adapters=adapters,
         )
 
     runnable = [p for p in spec.paths if p not in unavailable]
@@ -211,16 +269,46 @@ def make_plan(
     if accuracy:
         cold_b += (Probe(ProbeLabel("accuracy", cold)),)
     plain = EngineRequirements()
-    arms: list[ArmPlan] = [
-        arm_plan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain),
-        arm_plan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain),
-    ]
     groups: dict[EngineRequirements, list[str]] = {}
     for p in runnable:
         groups.setdefault(paths[p].requirements, []).append(p)
+    arms: list[ArmPlan] = []
+    if any(r.lora is None for r in groups) or accuracy:
+        arms += [
+            arm_plan(name="reference", role="reference", paths=(), start="B", steps=cold_b, requirements=plain),
+            arm_plan(name="noise", role="noise", paths=(), start="B", steps=cold_b, requirements=plain),
+        ]
+    # A LoRA subject is judged against cold LoRA engines of its own kind (their census holds the
+    # LoRA layers' stacked adapter buffers, and the served adapter decides the outputs).
+    for role in sorted({r.lora for r in groups if r.lora}):
+        own = EngineRequirements(lora=role)
+        arms += [
+            arm_plan(
+                name=lora_reference_name(role),
+                role="lora_reference",
+                paths=(),
+                start="B",
+                steps=(Observe(cold),),
+                requirements=own,
+            ),
+            arm_plan(
+                name=lora_noise_name(role),
+                role="lora_noise",
+                paths=(),
+                start="B",
+                steps=(Observe(cold),),
+                requirements=own,
+            ),
+        ]
+
+    def targets(p: str, sabotage: bool = False) -> tuple[RefitTarget, ...]:
+        if paths[p].trains:
+            return trainer_targets(spec.trainer.steps, sabotage)
+        return paths[p].sabotage_targets if sabotage else paths[p].refit_targets
+
     for requirements, members in groups.items():
         probe = arm_plan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements)
-        steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, paths[p].refit_targets))
+        steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, targets(p)))
         # Right after the first path's refit to B: the refit engine's speed and accuracy.
         warm_b = ObservationLabel("warm_B", members[0])
         at = steps.index(Observe(warm_b)) + 1 if Observe(warm_b) in steps else len(steps)
@@ -229,17 +317,16 @@ def make_plan(
         )
         steps = steps[:at] + probes + steps[at:]
         if spec.sabotage:
-            steps += tuple(s for p in members for s in segment(p, paths[p].sabotage_targets, sabotaged=True))
-        arms.append(
-            arm_plan(
-                name="subject-" + "+".join(members),
-                role="subject",
-                paths=tuple(members),
-                start="A",
-                steps=steps,
-                requirements=requirements,
-            )
+            steps += tuple(s for p in members for s in segment(p, targets(p, sabotage=True), sabotaged=True))
+        subject = arm_plan(
+            name="subject-" + "+".join(members),
+            role="subject",
+            paths=tuple(members),
+            start="A",
+            steps=steps,
+            requirements=requirements,
         )
+        arms.append(replace(subject, trainer=spec.trainer) if any(paths[p].trains for p in members) else subject)
     # A subject in another engine mode than the run's (the compiled path in an eager run) is
     # compared with a cold B in its own mode: compiled and eager kernels round differently
     # (bf16, measured: logprobs 0.004 apart and tokens diverging, with every tensor equal).
@@ -255,6 +342,22 @@ def make_plan(
                 requirements=EngineRequirements(mode=mode),
             ),
         )
+    # One cold start per trainer step, shared by every trainer path: their trainers start from
+    # A and compute the same steps (the arms check it against the prepared steps).
+    if any(paths[p].trains for p in runnable):
+        last = spec.trainer.steps + (1 if spec.sabotage else 0)
+        for k in range(1, last + 1):
+            arms.insert(
+                2,
+                arm_plan(
+                    name=trainer_reference_name(k),
+                    role="trainer_reference",
+                    paths=(),
+                    start=trainer_target(k),
+                    steps=(Observe(ObservationLabel(f"cold_{trainer_target(k)}")),),
+                    requirements=plain,
+                ),
+            )
     if accuracy:  # the eval's discriminating power: does a damaged B score lower than B?
         arms.append(
             arm_plan(

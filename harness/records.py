@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel"]
-ArmRole = Literal["reference", "noise", "mode_reference", "subject", "damaged"]
+TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel", "number"]
+ArmRole = Literal[
+    "reference", "noise", "mode_reference", "lora_reference", "lora_noise", "trainer_reference", "subject", "damaged"
+]
 ArmStatus = Literal["ok", "error"]
 
 
@@ -25,7 +27,9 @@ class TensorRecord:
     """How it was reached: registered parameter/buffer, plain attribute, an attribute
     of a non-module object (quant method, kernel object), a closure/partial, or
     ``kernel``: the output of a linear kernel on a fixed probe input (for weights held
-    in opaque kernel handles); its address is meaningless."""
+    in opaque kernel handles); its address is meaningless. ``number``: a Python float or int
+    attribute (``_k_scale_float``, taken from a tensor at load), judged like a tensor: its
+    digest is of its exact value, its dtype ``float`` or ``int``, its shape ``()``."""
     dtype: str
     """torch dtype name, e.g. ``float32``."""
     shape: tuple[int, ...]
@@ -44,6 +48,8 @@ class TensorRecord:
     """Largest absolute value (0.0 for empty tensors); a readable hint, not used for judging."""
     rank: int = 0
     """Worker rank that holds it (see ``Observation.shown_name``)."""
+    value: float | int | None = None
+    """The number itself, for a ``number`` (shown beside a STALE or CORRUPT one); None for tensors."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,32 @@ class PromptOutput:
     where the engine does not say."""
     text: str | None = None
     """The generated tokens decoded with the checkpoint's own tokenizer (text prompts only)."""
+
+
+@dataclass(frozen=True)
+class InFlightRequest:
+    """A streaming request that was generating when a refit paused the engine
+    (``/pause?mode=keep`` ... ``/resume``), followed to its end."""
+
+    prompt: int
+    """Index of the prompt in the spec's prompt list."""
+    tokens_before_pause: tuple[int, ...]
+    """Tokens streamed before ``/pause`` answered (computed with the old weights)."""
+    tokens_while_paused: int
+    """Tokens streamed between ``/pause`` answering and ``/resume`` (``keep`` promises none)."""
+    tokens_after_resume: tuple[int, ...]
+    """Tokens streamed after ``/resume`` (the rest of the request)."""
+    finish_reason: str | None
+    """How the request ended (``length``: it ran to its token budget); None if it never ended."""
+    error: str | None
+    """What went wrong with the request (an HTTP error, a broken stream), or None."""
+    fresh_divergence: int | None
+    """First index where ``tokens_after_resume`` differs from a fresh request on the prompt plus
+    ``tokens_before_pause``, sent after the resume (the new weights computing the same prefix
+    from scratch); None: identical."""
+    fresh_max_logprob_diff: float
+    """Largest |logprob difference| of the chosen tokens against that fresh request, up to the
+    first divergence (0.0: the resumed request computed exactly what the new weights compute)."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +224,9 @@ class Observation:
     """Post-load hooks on the model and their call counts so far."""
     unobserved: tuple[UnobservedRecord, ...] = ()
     """What the census could not observe on any rank, with the reason (older records: none)."""
+    in_flight: tuple[InFlightRequest, ...] = ()
+    """Requests that were generating while the refit before this observation ran, followed to
+    their end (paths that refit a serving engine under ``/pause``; others: none)."""
 
     def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord) -> str:
         """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more

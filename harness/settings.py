@@ -25,6 +25,9 @@ BUILD_ENV = "REFIT_HARNESS_BUILD"
 OVERLAY_ENV = "REFIT_HARNESS_BUILD_OVERLAY"
 """Set by an overlay build's launcher (``harness.builds.overlay``): its packages and the
 environment under them; every arm records it as ``build_overlay``."""
+PATCHES_ENV = "REFIT_HARNESS_VLLM_PATCHES"
+"""The patches a patched build applied to its vLLM, ``name@sha256`` joined by ``,`` (set by the
+build's own ``bin/python`` launcher, so every process of an arm inherits it and records it)."""
 RUN_MARKER = "REFIT_HARNESS_RUN"
 """A per-run id set by the CLI; every process of the run inherits it (arms, engine cores,
 workers, servers, a local Ray's workers), so leftovers can be found."""
@@ -59,3 +62,9 @@ def arm_files(workdir: Path, arm: _Named) -> tuple[Path, Path, Path]:
 def scratch_dir(workdir: Path, arm: _Named) -> Path:
     """An arm's scratch directory (its full weight copies) in a run directory."""
     return workdir / SCRATCH_DIR / arm.name
+
+
+CORPUS_ENV = "REFIT_HARNESS_CORPUS"
+"""Directory of the regression corpus (one sub-directory per re-injected vLLM bug); default: the
+repository's ``regressions/``."""
+CORPUS_DIR = Path(os.environ.get(CORPUS_ENV, Path(__file__).resolve().parents[1] / "regressions"))

@@ -1,12 +1,27 @@
-"""The GPU nightly gate: a real model on every path, eager and compiled, TP 1 and 2.
+"""The GPU nightly gate: a real model on every path, eager and compiled, TP 1 and 2; and the
+HPC QK-norm configuration (the bug this project was built around) on a tiny HunYuan V3.
 
 The model comes from ``REFIT_HARNESS_NIGHTLY_MODEL`` (a checkpoint directory, or a hub id
 on hosts with hub access), or ``--refit-model`` / ``--model`` at run time.
+
+The HPC cell runs HunYuan V3 with ``attention_backend=HPC_ATTN``: with Tencent's ``hpc``
+package (hpc-ops, built for sm90) installed, every attention layer builds an ``HpcRopeNorm``
+whose fused kernel does RoPE, QK-norm and the KV write in one launch and reads the QK-norm
+weights itself. Before vLLM PR #56706 it read float32 mirror parameters
+(``hpc_rope_norm.qnorm_weight`` / ``knorm_weight``) filled by a post-load hook that only the
+cold start runs; since, ``q_norm`` / ``k_norm`` are built in float32 and read directly. The
+cell's expected census names both forms and HpcRopeNorm's own ``cos_sin_cache``: a run where the
+HPC path was not active (the model fell back to the eager norms) is INCONCLUSIVE, not a PASS.
+Elsewhere than sm90 the cell is SKIPPED with that reason. The iHC fused ops of the same PR
+(``HpcIHCPre``/``HpcIHCHead``, which read their owner's ``hc_fn.weight``, ``hc_scale``,
+``hc_base`` and ``hc_head_*`` through an alias) belong to HunYuan V4 on sm100/sm103 only
+(``hpc_ihc._SUPPORTED_CAPABILITIES``): ``IHC_ALIASES`` names them for such a cell.
 """
 
 import os
 
 from harness.settings import NIGHTLY_MODEL_ENV
+from harness.spec.engine_config import EngineConfig, encode
 from harness.spec.scenario import ModelRef, ScenarioSpec
 
 GPU_PATHS = (
@@ -16,6 +31,9 @@ GPU_PATHS = (
     "dummy_start",
     "prefix_cache",
     "http_reload",
+    "http_weight_transfer",
+    "trainer_steps",
+    "trainer_steps_gloo",
     "sleep_level1",
     "sleep_level2",
     "transfer_nccl",
@@ -23,15 +41,52 @@ GPU_PATHS = (
     "transfer_sparse_nccl",
     "transfer_sharded_rdt",
     "transfer_nccl_m2n",
+    # The refit calls RL frameworks make (issue 21): raw load_weights runs on a GPU (its CPU refusal
+    # is vLLM's design), and the LoRA paths.
+    "raw_load_weights",
+    "lora_inplace",
+    "lora_inplace_prefix_cache",
+    "lora_inplace_same_path",
+    "lora_base_reload",
+)
+
+
+HUNYUAN = ModelRef(label="hunyuan-v3", builder="zoo:hunyuan-v3")
+
+HPC_QK_NORM = (
+    r"\.self_attn\.(hpc_rope_norm\.qnorm_weight|q_norm\.weight)$",
+    r"\.self_attn\.(hpc_rope_norm\.knorm_weight|k_norm\.weight)$",
+    r"\.self_attn\.hpc_rope_norm\.cos_sin_cache$",
+)
+"""What HpcRopeNorm's fused kernel reads, on a build before PR #56706 (its float32 mirrors) or
+after (the float32 norms themselves), and its own RoPE cache (present only when HPC is active)."""
+
+IHC_ALIASES = (
+    r"\.hc_(attn|mlp)_layer\.hc_pre\.hc_fn\.weight$",
+    r"\.hc_(attn|mlp)_layer\.hc_pre\.hc_(scale|base)$",
+    r"\.hc_head\.hc_head_fn\.weight$",
+    r"\.hc_head\.hc_head_(base|scale)$",
+)
+"""The weights HunYuan V4's fused iHC ops read through their owner alias (sm100/sm103 only)."""
+
+HPC_ATTN = EngineConfig(
+    label="hpc",
+    args=encode({"attention_backend": "HPC_ATTN"}),
+    models=(HUNYUAN.label,),
+    expect_census=HPC_QK_NORM,
+    devices=("sm90",),
+    skip_reason="the HPC QK-norm configuration (attention_backend=HPC_ATTN with Tencent's hpc-ops) runs on sm90 only",
 )
 
 
 def gpu_nightly() -> ScenarioSpec:
     model = os.environ.get(NIGHTLY_MODEL_ENV, "Qwen/Qwen3-0.6B")
+    label = model.rstrip("/").split("/")[-1]
     return ScenarioSpec(
         name="gpu-nightly",
-        description=f"every path on {model}, eager+compiled, TP 1 and 2 (GPU)",
-        models=(ModelRef(label=model.rstrip("/").split("/")[-1], path=model),),
+        description=f"every path on {model}, eager+compiled, TP 1 and 2, and the HPC QK-norm cell on HunYuan V3 (GPU)",
+        models=(ModelRef(label=label, path=model), HUNYUAN),
+        engine_configs=(EngineConfig(models=(label,)), HPC_ATTN),
         paths=GPU_PATHS,
         modes=("eager", "compiled"),
         tp_sizes=(1, 2),

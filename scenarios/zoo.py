@@ -1,20 +1,48 @@
 """The model zoo: one cell group per stock architecture family vLLM runs, each a tiny
 random checkpoint built from a transformers config (``harness.checkpoints.zoo``), in bf16 by default
 (what users run; ``--dtype float32`` for the fp32 grid). ``refit-harness run -s zoo``
-gives an architecture x path verdict grid."""
+gives an architecture x path verdict grid.
 
-from harness.checkpoints.zoo import FAMILIES
+Beside the stock families: a tied-embedding variant of each dense one (``<family>-tied``), and
+a Qwen3 with checkpoint KV-cache scales run with an fp8 KV cache (``qwen3-fp8kv``, its engine
+arguments come with the family)."""
+
+from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES
 from harness.spec.scenario import ModelRef, ScenarioSpec
 from scenarios.default import CPU_PATHS
 
-ZOO_MODELS = tuple(ModelRef(label=f.label, builder=f"zoo:{f.label}") for f in FAMILIES)
+ZOO_FAMILIES = FAMILIES + TIED_FAMILIES + KV_FAMILIES
+ZOO_MODELS = tuple(ModelRef(label=f.label, builder=f"zoo:{f.label}", engine_args=f.engine_args) for f in ZOO_FAMILIES)
 
 
 def zoo() -> ScenarioSpec:
     return ScenarioSpec(
         name="zoo",
-        description=f"{len(FAMILIES)} stock architecture families x every CPU path, bf16",
+        description=f"{len(FAMILIES)} stock architecture families, {len(TIED_FAMILIES)} tied-embedding variants and "
+        f"an fp8 KV cache with checkpoint scales x every CPU path, bf16",
         models=ZOO_MODELS,
         paths=CPU_PATHS,
+        dtypes=("bfloat16",),
+    )
+
+
+DENSE = ("llama", "qwen3", "qwen2", "phi3", "gemma3")
+"""The zoo's dense transformer families (no experts, no SSM layers)."""
+RL_PATHS = (
+    "raw_load_weights",
+    "lora_inplace",
+    "lora_inplace_prefix_cache",
+    "lora_inplace_same_path",
+    "lora_base_reload",
+)
+"""The refit calls RL frameworks make that the lora/raw paths cover (issue 21)."""
+
+
+def rl_paths() -> ScenarioSpec:
+    return ScenarioSpec(
+        name="rl-paths",
+        description=f"the dense zoo families x the raw load_weights and LoRA paths, bf16 ({len(DENSE)} families)",
+        models=tuple(m for m in ZOO_MODELS if m.label in DENSE),
+        paths=RL_PATHS,
         dtypes=("bfloat16",),
     )

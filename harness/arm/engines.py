@@ -33,12 +33,16 @@ WORKER_EXTENSION = "harness.worker.extension.RefitObserver"
 
 
 def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``LLM(...)`` keyword arguments for an arm (also mapped to ``vllm serve`` flags);
-    ``overrides`` replace some of them (a restarted engine's model and load format)."""
+    """``LLM(...)`` keyword arguments for an arm (also mapped to ``vllm serve`` flags), in three
+    layers: the harness's settings, then the run's engine arguments (``EngineSpec.engine_args``,
+    checked before the run against the build's ``EngineArgs``), then what the reload path needs
+    (its load format, prefix caching, sleep mode) and ``overrides`` (a restarted engine's model
+    and load format), which win."""
     e, r = arm.engine, arm.requirements
     mode = r.mode or e.mode
     args: dict[str, Any] = dict(
-        model=arm.checkpoints.directory(arm.start),
+        # A LoRA adapter engine keeps base A; what it starts on is the adapter it serves.
+        model=arm.checkpoints.a if r.lora == "adapter" else arm.checkpoints.directory(arm.start),
         skip_tokenizer_init=True,
         dtype=e.dtype,
         enforce_eager=mode == "eager",
@@ -47,13 +51,62 @@ def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[s
         max_num_seqs=e.max_num_seqs,
         seed=e.seed,
         tensor_parallel_size=e.tensor_parallel_size,
-        enable_prefix_caching=e.enable_prefix_caching if r.enable_prefix_caching is None else r.enable_prefix_caching,
+        enable_prefix_caching=e.enable_prefix_caching,
         worker_extension_cls=WORKER_EXTENSION,
-        load_format=r.load_format,
     )
+    given = e.vllm_kwargs()
+    if "gpu_memory_utilization" in given and "kv_cache_memory_bytes" not in given:
+        del args["kv_cache_memory_bytes"]  # vLLM sizes the KV cache by bytes first: the user's fraction must count
+    args.update(given)
+    args["load_format"] = r.load_format
+    if r.enable_prefix_caching is not None:
+        args["enable_prefix_caching"] = r.enable_prefix_caching
     if r.enable_sleep_mode:
         args["enable_sleep_mode"] = True
+    if r.lora:
+        # One adapter slot: the served adapter is the only one, so a reload cannot land elsewhere.
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_max_rank(served_adapter(arm)))
     return {**args, **(overrides or {})}
+
+
+def serve_flags(args: dict[str, Any]) -> list[str]:
+    """``vllm serve`` flags for ``LLM(...)`` keyword arguments, written as vLLM's own
+    ``--config`` loader writes them: ``--flag``/``--no-flag`` for booleans, JSON for maps,
+    one item after another for lists; a None (vLLM's default) is left out."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)] if value else []
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+LORA_NAME = "refit-harness-adapter"
+"""The one adapter name a LoRA engine serves, whatever adapter it holds (an in-place reload
+keeps name and id)."""
+LORA_ID = 1
+"""Its ``lora_int_id``."""
+
+
+def served_adapter(arm: ArmPlan) -> str:
+    """The adapter a LoRA engine serves from its cold start: the one it starts on for an
+    ``adapter`` engine, adapter A for a ``base`` engine (whose A, B, B' are base weights)."""
+    assert arm.adapters is not None, "a LoRA arm without adapters"
+    return arm.adapters.directory(arm.start) if arm.requirements.lora == "adapter" else arm.adapters.a
+
+
+def lora_max_rank(adapter: str) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds the adapter's rank."""
+    rank = int(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"])
+    return next((allowed for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512) if rank <= allowed), rank)
 
 
 def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None) -> dict[str, Any]:
@@ -146,13 +199,28 @@ class LocalEngine(EngineBase):
 
         self.llm = LLM(**_llm_kwargs(arm, overrides))
         check_granted(arm, self.llm.llm_engine.vllm_config)
+        self.adapter = None  # the LoRARequest every request carries, on a LoRA engine
+        if arm.requirements.lora:
+            # Loaded (and activated into the slot) now, so the cold census already sees it.
+            self.serve_adapter(served_adapter(arm), load_inplace=False)
 
     def rpc(self, method, kwargs=None):
         return self.llm.collective_rpc(method, kwargs=kwargs or {})
 
     def generate(self, prompts):
         ids = [{"prompt_token_ids": list(p)} for p in prompts.token_ids]
-        return outputs_from_request_outputs(self.llm.generate(ids, sampling_params(prompts), use_tqdm=False), prompts)
+        results = self.llm.generate(ids, sampling_params(prompts), use_tqdm=False, lora_request=self.adapter)
+        return outputs_from_request_outputs(results, prompts)
+
+    def serve_adapter(self, directory: str, load_inplace: bool) -> None:
+        """``add_lora(LoRARequest(name, id, directory, load_inplace=...))`` under the engine's one
+        adapter name and id, as RL frameworks hand a trained adapter to their engine (verl's
+        ``llm_engine.add_lora``); later requests carry ``LoRARequest(name, id, directory)``.
+        Without ``load_inplace`` vLLM keeps whatever it cached under that id."""
+        from vllm.lora.request import LoRARequest
+
+        self.llm.llm_engine.add_lora(LoRARequest(LORA_NAME, LORA_ID, directory, load_inplace=load_inplace))
+        self.adapter = LoRARequest(LORA_NAME, LORA_ID, directory)
 
     def call(self, method, *args, **kwargs):
         return getattr(self.llm, method)(*args, **kwargs)
@@ -251,13 +319,8 @@ class HTTPEngine(EngineBase):
     ) -> None:
         startup_timeout_s = arm.timeout_s if startup_timeout_s is None else startup_timeout_s  # the arm's budget
         args = engine_args(arm, overrides)
-        cmd = serve_command(args.pop("model"))
-        for key, value in args.items():
-            flag = "--" + key.replace("_", "-")
-            if isinstance(value, bool):
-                cmd.append(flag if value else "--no-" + key.replace("_", "-"))
-            else:
-                cmd += [flag, str(value)]
+        self.max_model_len = int(args["max_model_len"])
+        cmd = serve_command(args.pop("model")) + serve_flags(args)
         if arm.requirements.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")  # as users serve
@@ -316,6 +379,12 @@ class HTTPEngine(EngineBase):
         finally:
             conn.close()
 
+    def get_json(self, route: str, timeout: float = 60.0) -> Any:
+        status, raw = self._request("GET", route, None, timeout)
+        if status >= 400:
+            raise HTTPError(f"GET {route} -> HTTP {status}: {raw[:500]!r}")
+        return json.loads(raw)
+
     def post(self, route: str, body: dict | None = None, timeout: float = 600.0) -> Any:
         status, raw = self._request("POST", route, json.dumps(body or {}).encode(), timeout)
         if status >= 400:
@@ -354,6 +423,39 @@ class HTTPEngine(EngineBase):
                 )
             )
         return tuple(outputs)
+
+    def connection(self, timeout: float = 600.0) -> http.client.HTTPConnection:
+        """A new HTTP connection to the server (over its Unix socket), for a caller that reads
+        a response as it streams."""
+        return _UnixHTTPConnection(self.socket_path, timeout)
+
+    @property
+    def unix_url(self) -> str:
+        """The server's base URL in ``requests-unixsocket``'s form (``http+unix://<quoted socket>``),
+        for HTTP clients built on ``requests``, such as vLLM's ``HTTPVLLMWeightSyncClient``."""
+        from urllib.parse import quote
+
+        return "http+unix://" + quote(self.socket_path, safe="")
+
+    def complete(self, ids: tuple[int, ...], max_tokens: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """``max_tokens`` greedy tokens of one token-id prompt, with each chosen token's logprob."""
+        body = {
+            "model": self._model_name(),
+            "prompt": list(ids),
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        }
+        choice = self.post("/v1/completions", body)["choices"][0]
+        chosen = choice["logprobs"]["token_logprobs"] or []
+        return tuple(int(t) for t in choice["token_ids"]), tuple(float(x) for x in chosen)
+
+    def model_name(self) -> str:
+        """The served model's name (``/v1/models``)."""
+        return self._model_name()
 
     def _model_name(self) -> str:
         if not hasattr(self, "_name"):

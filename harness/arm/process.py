@@ -23,6 +23,7 @@ from harness.records import (
     ArmResult,
     Completions,
     ConsumedTensor,
+    InFlightRequest,
     Measurement,
     ModelInfo,
     Observation,
@@ -33,15 +34,17 @@ from harness.records import (
     RankRecording,
     UnobservedRecord,
 )
-from harness.settings import BUILD_ENV, OVERLAY_ENV
+from harness.settings import BUILD_ENV, OVERLAY_ENV, PATCHES_ENV
 from harness.spec.run import PromptSpec
 
 
-def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observation:
+def observe(
+    engine: EngineBase, arm: ArmPlan, label: ObservationLabel, in_flight: tuple[InFlightRequest, ...] = ()
+) -> Observation:
     per_rank = [
         store.from_jsonable(RankCensus, r)
         for r in engine.rpc(
-            "refit_harness_census", {"checkpoint_names": [arm.checkpoints.control_tensor], "digest": arm.digest}
+            "refit_harness_census", {"checkpoint_names": [arm.refit_checkpoints.control_tensor], "digest": arm.digest}
         )
     ]
     first = per_rank[0]
@@ -67,6 +70,7 @@ def observe(engine: EngineBase, arm: ArmPlan, label: ObservationLabel) -> Observ
         outputs=decoded(engine.generate(arm.prompts), arm),
         model=model,
         unobserved=tuple(unobserved),
+        in_flight=in_flight,
     )
 
 
@@ -174,6 +178,9 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
     overlay = os.environ.get(OVERLAY_ENV)
     if overlay:  # an overlay build (harness.builds.overlay): its packages over another environment
         facts.append(("build_overlay", overlay))
+    patches = os.environ.get(PATCHES_ENV)
+    if patches:  # a patched build: vLLM's version is the base's, these diffs are applied on top
+        facts.append(("vllm_patches", patches))
     return tuple(facts)
 
 
@@ -188,6 +195,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
     save_lock = threading.Lock()  # the watchdog thread saves too
     cold_starts = 0
+    in_flight: tuple[InFlightRequest, ...] = ()  # what the last refit saw of requests in flight
 
     def save(status: str, error: str | None, refused: str | None = None) -> ArmResult:
         path, step = current[0] if status == "error" else (None, None)
@@ -216,7 +224,10 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     watchdog = threading.Event()
     try:
         env = environment(arm.digest)
-        paths = {name: PATHS.get(name)(arm.checkpoints, arm.prompts) for name in arm.paths}
+        paths = {name: PATHS.get(name)(arm.refit_checkpoints, arm.prompts) for name in arm.paths}
+        for path in paths.values():
+            if getattr(path, "trains", False):
+                path.spec = arm.trainer  # type: ignore[attr-defined]  # a trainer path's trainer spec
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
@@ -232,8 +243,9 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 restart = (
                     path.sabotaged_refit(engine, step.target)
                     if step.sabotaged
-                    else path.refit(engine, arm.checkpoints.directory(step.target), step.target)
+                    else path.refit(engine, arm.refit_checkpoints.directory(step.target), step.target)
                 )
+                in_flight = path.take_in_flight()
                 if restart is not None:
                     watchdog.set()  # the old engine's processes end on purpose
                     engine.close(wait=True)
@@ -254,7 +266,8 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     save("error", f"arm stopped after measuring {str(label)!r}")
             else:
                 current[0] = (step.label.path, f"observe {step.label.stage}")
-                observations.append(observe(engine, arm, step.label))
+                observations.append(observe(engine, arm, step.label, in_flight))
+                in_flight = ()
                 # Keep what was measured; if the arm dies later, this file says so.
                 save("error", f"arm stopped after observing {str(step.label)!r}")
         current[0] = (None, None)

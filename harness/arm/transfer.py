@@ -229,6 +229,20 @@ class CheckpointSource(WeightSource):
         return safetensors_files.tensors(self._files(), exclude=self.exclude, device=self.device)
 
 
+class TensorSource(WeightSource):
+    """A ``WeightSource`` over tensors a live trainer holds: ``(name, tensor)`` pairs, sent in
+    this order, under these names and in these dtypes."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.tensors = list(tensors)
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(name=n, dtype=t.dtype, shape=tuple(t.shape)) for n, t in self.tensors]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors)
+
+
 class TrainerActor:
     """Runs in a Ray actor beside the engine actor, as RL frameworks place the trainer.
 

@@ -131,6 +131,24 @@ def launcher_text(marker: str, base_python: str | Path) -> str:
     )
 
 
+def overlay_parts(python: str | Path) -> tuple[Path, Path, str] | None:
+    """For an overlay's launcher: its base interpreter, its ``site`` directory and what it is
+    (the ``REFIT_HARNESS_BUILD_OVERLAY`` line); None for any other interpreter. A build layered
+    on an overlay (a patched build) runs the base with both sites on ``PYTHONPATH``, its own
+    first: exec'ing the launcher would put the overlay's site before it."""
+    path = Path(python).absolute()
+    root = path.parents[1]
+    if path != root / LAUNCHER:
+        return None
+    try:
+        stamp = json.loads((root / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    if stamp.get("kind") != "overlay":
+        return None
+    return Path(stamp["base_python"]), root / SITE, str(stamp["overlay"])
+
+
 def cached_overlay(vllm_spec: str, base_python: str | Path | None = None, cache: Path = DEFAULT_CACHE) -> Path | None:
     """The launcher of a finished overlay for this spec over this base, or None."""
     base_python = Path(base_python or sys.executable).absolute()

@@ -34,7 +34,7 @@ def weight_files(directory: str | Path) -> list[Path]:
         raise CheckpointError(f"checkpoint directory not found: {d}")
     if not safetensors_files.files(d):
         raise CheckpointError(f"no *.safetensors files in checkpoint directory: {d}")
-    if not (d / "config.json").is_file():
+    if not (d / "config.json").is_file() and not (d / "adapter_config.json").is_file():  # a model or a PEFT adapter
         raise CheckpointError(f"no config.json in checkpoint directory: {d}")
     if (d / _INDEX).is_file():
         try:

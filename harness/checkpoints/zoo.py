@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.cache import cached_variant
 from harness.settings import DEFAULT_CACHE
+from harness.spec.engine_config import EngineArgs, encode
 
 _COMMON = dict(
     vocab_size=512, hidden_size=128, num_hidden_layers=2, max_position_embeddings=512, tie_word_embeddings=False
@@ -44,6 +45,28 @@ class Family:
     """Value a norm weight leaves its input unchanged at (Gemma adds 1 itself: 0)."""
     extra: tuple[tuple[str, object], ...] = field(default=())
     """Keys set on config.json after saving (transformers versions that drop them)."""
+    engine_args: EngineArgs = ()
+    """vLLM engine arguments the family is always run with (``harness.spec.engine_config``),
+    e.g. ``kv_cache_dtype=fp8`` for a checkpoint whose KV-cache scales only an fp8 cache reads."""
+    kv_scales: bool = False
+    """Write per-layer checkpoint KV-cache scales (``self_attn.k_scale`` / ``v_scale``, float32
+    scalars) beside the weights, with a compressed-tensors ``kv_cache_scheme`` in config.json
+    that makes vLLM load them (the linear layers stay unquantized); B moves them like any
+    tensor (``harness.checkpoints.perturb``: a scalar moves by ``strength`` of itself)."""
+    dense: bool = False
+    """A dense attention family (no MoE, MLA or SSM): the zoo has a tied-embedding variant of it."""
+
+    def tied(self) -> Family:
+        """The same family with ``tie_word_embeddings=true``: the checkpoint has no
+        ``lm_head.weight``, and vLLM's head is the embedding's parameter."""
+        config = tuple(sorted({**dict(self.config), "tie_word_embeddings": True}.items()))
+        return replace(
+            self,
+            label=f"{self.label}-tied",
+            config=config,
+            dense=False,
+            covers=f"{self.covers}; tied embeddings (no lm_head.weight on disk)",
+        )
 
 
 def _cfg(**kwargs) -> tuple[tuple[str, object], ...]:
@@ -58,6 +81,7 @@ FAMILIES: tuple[Family, ...] = (
         "LlamaForCausalLM",
         _cfg(**_COMMON, **_ATTN, intermediate_size=256, rms_norm_eps=1e-6),
         "dense GQA",
+        dense=True,
     ),
     Family(
         "qwen3",
@@ -66,6 +90,7 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen3ForCausalLM",
         _cfg(**_COMMON, **_ATTN, intermediate_size=256, attention_bias=True, rms_norm_eps=1e-6),
         "QK-norm, attention biases",
+        dense=True,
     ),
     Family(
         "qwen2",
@@ -74,6 +99,7 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen2ForCausalLM",
         _cfg(**{**_COMMON, **_ATTN}, intermediate_size=256, rms_norm_eps=1e-6),
         "QKV biases",
+        dense=True,
     ),
     Family(
         "phi3",
@@ -90,6 +116,7 @@ FAMILIES: tuple[Family, ...] = (
             eos_token_id=2,
         ),
         "fused qkv/gate_up in the checkpoint",
+        dense=True,
     ),
     Family(
         "gemma3",
@@ -106,6 +133,7 @@ FAMILIES: tuple[Family, ...] = (
         ),
         "(1 + w) norms, pre/post-FFN norms, QK-norm, sliding window",
         neutral_norm=0.0,
+        dense=True,
     ),
     Family(
         "qwen3-moe",
@@ -228,13 +256,92 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+TIED_FAMILIES: tuple[Family, ...] = tuple(f.tied() for f in FAMILIES if f.dense)
+"""A tied-embedding variant of each dense family (``tie_word_embeddings=true``): what most small
+models RL teams train do (Qwen3-0.6B to 4B, Llama-3.2-1B/3B, Qwen2.5-0.5B to 3B)."""
+
+_KV_CACHE_SCHEME = {"type": "float", "num_bits": 8, "strategy": "tensor", "symmetric": True, "dynamic": False}
+KV_FP8_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "dense",
+    "quantization_status": "compressed",
+    "config_groups": {},
+    "kv_cache_scheme": _KV_CACHE_SCHEME,
+    "ignore": ["lm_head"],
+}
+"""config.json's ``quantization_config`` of a checkpoint with fp8 KV-cache scales and float weights:
+vLLM 0.32 loads per-tensor ``k_scale``/``v_scale`` through ``CompressedTensorsKVCacheMethod`` (in
+float32, in every model dtype), and an fp8 cache reads them (``_k_scale_float``/``_v_scale_float``
+in the CPU attention backend). Measured here: an ``fp8`` ``quantization_config`` with every linear
+layer ignored loads them too, but vLLM refuses it in float32."""
+
+_QWEN3 = next(f for f in FAMILIES if f.label == "qwen3")
+KV_FAMILIES: tuple[Family, ...] = (
+    replace(
+        _QWEN3,
+        label="qwen3-fp8kv",
+        covers="fp8 KV cache with checkpoint k_scale/v_scale (compressed-tensors kv_cache_scheme): the attention "
+        "backend reads them as Python floats (_k_scale_float, _v_scale_float)",
+        extra=(("quantization_config", KV_FP8_CONFIG),),
+        engine_args=encode({"kv_cache_dtype": "fp8"}),
+        kv_scales=True,
+        dense=False,
+    ),
+)
+"""Zoo families with KV-cache scales in the checkpoint, run with an fp8 KV cache."""
+
+KV_FIXTURE_FAMILIES: tuple[Family, ...] = tuple(
+    replace(KV_FAMILIES[0], label=label, architecture=architecture, covers=covers)
+    for label, architecture, covers in (
+        (
+            "qwen3-fp8kv-stale-float",
+            "StaleKVScaleFloatQwen3ForCausalLM",
+            "planted bug: the KV-scale Python floats the attention reads are taken once, at cold start",
+        ),
+    )
+)
+"""The planted KV-scale-float fixture (``harness.worker.fixtures.models``); its fixed twin is
+``qwen3-fp8kv`` itself (vLLM takes the floats again on every load)."""
+
+HUNYUAN_V3 = Family(
+    "hunyuan-v3",
+    "HYV3Config",
+    "HYV3ForCausalLM",
+    "HYV3ForCausalLM",
+    # HpcRopeNorm (the HPC fused RoPE + QK-norm + KV write) only takes head_dim 128 and 4 or 8
+    # query heads per KV head; the MoE layers keep the family a HunYuan V3.
+    _cfg(
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        rms_norm_eps=1e-6,
+    ),
+    "HunYuan V3 (MoE, QK-norm): with attention_backend=HPC_ATTN on sm90, HpcRopeNorm's fused kernel reads the "
+    "QK-norm weights (the gpu-nightly HPC cell; not run on CPU)",
+    extra=(("qk_norm", True), ("first_k_dense_replace", 1)),
+)
+"""A tiny HunYuan V3 for the ``gpu-nightly`` scenario's HPC QK-norm cell (not in the CPU zoo)."""
+
+ALL_FAMILIES: tuple[Family, ...] = FAMILIES + TIED_FAMILIES + KV_FAMILIES + KV_FIXTURE_FAMILIES + (HUNYUAN_V3,)
+
+
 def family(label: str) -> Family:
     from harness.errors import CheckpointError
 
-    for f in FAMILIES:
+    for f in ALL_FAMILIES:
         if f.label == label:
             return f
-    raise CheckpointError(f"unknown zoo family {label!r}; available: {[f.label for f in FAMILIES]}")
+    raise CheckpointError(f"unknown zoo family {label!r}; available: {[f.label for f in ALL_FAMILIES]}")
 
 
 def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
@@ -248,6 +355,7 @@ def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
             "config": fam.config,
             "extra": fam.extra,
             "neutral": fam.neutral_norm,
+            **({"kv_scales": KV_SCALES_RECIPE} if fam.kv_scales else {}),
         },
         sort_keys=True,
         default=str,
@@ -281,3 +389,26 @@ def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
     cfg["torch_dtype"] = "float32"
     cfg.update(dict(fam.extra))
     (staging / "config.json").write_text(json.dumps(cfg, indent=2))
+    if fam.kv_scales:
+        add_kv_scales(staging, cfg["num_hidden_layers"], seed)
+
+
+KV_SCALES_RECIPE = "kv-v1"
+"""Version of the KV-cache scales ``add_kv_scales`` writes (part of a KV family's recipe)."""
+
+
+def add_kv_scales(checkpoint: Path, layers: int, seed: int = 0) -> None:
+    """Per-layer fp8 KV-cache scales, as llm-compressor writes them: float32 scalars named
+    ``model.layers.N.self_attn.k_scale`` and ``v_scale``, around the scale a calibrated bf16
+    model gets (|k| / 448 for keys of a few units), different per layer, deterministic."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(seed + 17)
+    file = next(iter(sorted(checkpoint.glob("*.safetensors"))))
+    tensors = load_file(file)
+    for i in range(layers):
+        k, v = (0.02 + 0.02 * torch.rand((), generator=gen) for _ in range(2))
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = k.to(torch.float32)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = v.to(torch.float32)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})

@@ -11,11 +11,20 @@ def add_parsers(sub) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harness.orchestrate.regressions import RegressionsSpec
+    from harness.spec.regressions import load_corpus
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 
     for name in SCENARIOS.names():
         scenario = SCENARIOS.get(name)()
+        if isinstance(scenario, RegressionsSpec):
+            entries = load_corpus(Path(scenario.corpus))
+            ids = [e.id for e in entries]
+            print(f"{name:14} {scenario.description}\n    {len(ids)} entries: {', '.join(ids[:4])}, ...")
+            continue
         cells = [c for g in expand(scenario) for c in g.cell_ids()]
         print(
             f"{name:14} {scenario.description}\n    {len(cells)} cells: {', '.join(cells[:4])}"
@@ -41,6 +50,12 @@ def cmd_paths(args: argparse.Namespace) -> int:
         )
         for known in cls.known_issues:
             print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
+        for refusal in cls.refusals:
+            print(f"    declined by vLLM on {refusal.device} (SKIPPED with vLLM's words): {refusal.reason}")
+        if name in PATHS.third_party:
+            print(f"    third-party path, from the installed package {PATHS.third_party[name]}")
+    for name, why in PATHS.refused.items():
+        print(f"{name:28} refused   {why}")
     for known in KNOWN_ISSUES:
         scope = (
             f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "

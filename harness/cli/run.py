@@ -37,6 +37,16 @@ def add_parsers(sub) -> None:
     run.add_argument("--model", help="checkpoint A directory (default: the embedded tiny Qwen3)")
     run.add_argument("--target", help="checkpoint B directory (default: A with a seeded perturbation of every tensor)")
     run.add_argument(
+        "--lora",
+        metavar="DIR",
+        help="PEFT adapter A for the LoRA paths (default: a deterministic adapter the harness writes for the model)",
+    )
+    run.add_argument(
+        "--lora-target",
+        metavar="DIR",
+        help="PEFT adapter B for lora_inplace (default: adapter A with a seeded perturbation of every tensor)",
+    )
+    run.add_argument(
         "--paths",
         default=None,
         help="comma-separated reload paths, or 'all' (default: reload_weights; with -s, the "
@@ -69,6 +79,22 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="run vLLM's engine core in its own process, as vLLM does by default (slower to "
         "start; default: inside the arm)",
+    )
+    run.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a vLLM engine argument for every arm (reference, noise, subjects, vllm serve), e.g. "
+        "kv_cache_dtype=fp8 or hf_overrides='{\"rope_theta\": 1e6}' (the value is JSON, else a string); "
+        "repeatable, and on top of --engine-config; checked against the build's EngineArgs before any "
+        "engine starts. With -s: added to every engine configuration of the scenario",
+    )
+    run.add_argument(
+        "--engine-config",
+        metavar="FILE.yaml",
+        help="vLLM engine arguments from a YAML file, with the keys of 'vllm serve --config' (flat or "
+        "nested, dashes or underscores); --engine-arg flags win over it",
     )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(
@@ -268,6 +294,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             tensor_parallel_size=args.tp or 1,
             dtype=args.dtype or "float32",
             engine_core_process=args.engine_core_process,
+            engine_args=engine_args_of(args),
         ),
         perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
         control=ControlSpec(tensor=args.control_tensor),
@@ -277,7 +304,17 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         throughput=throughput_of(args.throughput),
         accuracy=accuracy_of(args.accuracy),
         digest=args.digest or RunSpec.digest,
+        lora=args.lora,
+        lora_target=args.lora_target,
     )
+
+
+def engine_args_of(args: argparse.Namespace):
+    """``--engine-config`` and ``--engine-arg`` as encoded engine arguments (not yet checked
+    against a build: ``harness.orchestrate.execute.validate`` does that before any engine starts)."""
+    from harness.spec.engine_config import from_command_line
+
+    return from_command_line(args.engine_config, args.engine_arg)
 
 
 def paths_of(text: str) -> tuple[str, ...]:
@@ -317,7 +354,12 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["sabotage"] = True
     if args.arm_timeout:
         changes["arm_timeout_s"] = args.arm_timeout
-    for flag, value in (("--target", args.target), ("--control-tensor", args.control_tensor)):
+    for flag, value in (
+        ("--target", args.target),
+        ("--control-tensor", args.control_tensor),
+        ("--lora", args.lora),
+        ("--lora-target", args.lora_target),
+    ):
         if value and len(scenario.models) > 1:
             raise UsageError(
                 f"{flag}: scenario {scenario.name!r} has {len(scenario.models)} models, and one {flag} cannot fit "
@@ -327,10 +369,19 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["target"] = args.target
     if args.control_tensor:
         changes["control"] = ControlSpec(tensor=args.control_tensor)
+    if args.lora:
+        changes["lora"] = args.lora
+    if args.lora_target:
+        changes["lora_target"] = args.lora_target
     if args.engine_core_process:
         changes["engine_core_process"] = True
     if args.digest:
         changes["digest"] = args.digest
+    given = engine_args_of(args)
+    if given:
+        from harness.spec.engine_config import merge
+
+        changes["engine_configs"] = tuple(replace(c, args=merge(c.args, given)) for c in scenario.engine_configs)
     return replace(scenario, **changes)
 
 
@@ -399,13 +450,15 @@ def builds_of(args: argparse.Namespace):
 def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
     """One run per build in OUT/NAME (the noise build twice), then the comparison in OUT."""
     from harness.judge import exit_codes
-    from harness.orchestrate.execute import execute
+    from harness.orchestrate.execute import execute, validate_engine_args
     from harness.orchestrate.matrix import build_sequence, compare_runs, relabel
     from harness.report import write_reports
 
     out = set_out(Path(args.out or args.resume or Path("reports") / f"builds-{time.strftime('%Y%m%d-%H%M%S')}"))
     sequence, labels, base2 = build_sequence(build_specs, args.noise_build)
     base_spec = spec_from_args(args)
+    for build in build_specs:  # every build's vLLM takes the engine arguments, before the first engine starts
+        validate_engine_args(replace(base_spec, build=build))
     codes = []
     for name, build in sequence:
         progress(f"build {name}: {build.python or sys.executable}")
@@ -431,10 +484,14 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
 
 def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     from harness.orchestrate.matrix import run_matrix
+    from harness.orchestrate.regressions import RegressionsSpec
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 
-    scenario = with_run_flags(SCENARIOS.get(args.scenario)(), args)
+    factory = SCENARIOS.get(args.scenario)()
+    if isinstance(factory, RegressionsSpec):
+        return run_regressions_scenario(factory, args, fan, build_specs)
+    scenario = with_run_flags(factory, args)
     groups = expand(scenario, tuple(args.only), tuple(args.skip))
     if not groups:
         raise UsageError(f"no cell of scenario {scenario.name!r} matches --only {args.only} / --skip {args.skip}")
@@ -454,6 +511,11 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
             f"cannot resume {out} as scenario {scenario.name!r}: it holds a single run; "
             f"resume it without -s (refit-harness run --resume {out})"
         )
+    from harness.orchestrate.execute import validate_engine_args
+
+    for group in groups:  # every configuration on every build, before the first engine starts
+        for build in build_specs or (None,):
+            validate_engine_args(replace(group.spec, build=build))
     throughput, accuracy = throughput_of(args.throughput), accuracy_of(args.accuracy)
     with watching() as (say, events):
         summary, index = run_matrix(
@@ -476,3 +538,56 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
         progress(f"{cell}: " + (" ".join(f"{b}={v}" for b, v in c["builds"].items()) if build_specs else c["verdict"]))
     print(f"report: {index.resolve()}")
     return exit_for(summary["exit_code"], [c for c, v in summary["cells"].items() if v["verdict"] == "ERROR"], out)
+
+
+def run_regressions_scenario(spec, args: argparse.Namespace, fan, build_specs=()) -> int:
+    """``run -s regressions``: each corpus entry's patched build against stock (the harness's own
+    vLLM, or ``--build stock=PATH``); exit 0 when every entry's expectation holds."""
+    from harness.orchestrate.regressions import run_regressions, select
+    from harness.spec.regressions import load_corpus
+
+    flags = [
+        f
+        for f, v in (
+            ("--paths", args.paths),
+            ("--mode", args.mode),
+            ("--dtype", args.dtype),
+            ("--tp", args.tp),
+            ("--target", args.target),
+            ("--control-tensor", args.control_tensor),
+            ("--seed", args.seed),
+            ("--resume", args.resume),
+            ("--throughput", args.throughput),
+            ("--accuracy", args.accuracy),
+            ("--expect", args.expect),
+            ("--model", args.model),
+        )
+        if v
+    ]
+    if flags:
+        raise UsageError(
+            f"{', '.join(flags)}: the regressions scenario takes each entry's own settings; "
+            "narrow it with --only/--skip ENTRY_GLOB"
+        )
+    if len(build_specs) > 1 or (build_specs and build_specs[0].name != "stock"):
+        raise UsageError("the regressions scenario takes at most one build, the stock one: --build stock=PATH")
+    entries = select(load_corpus(Path(spec.corpus)), tuple(args.only), tuple(args.skip))
+    if not entries:
+        raise UsageError(f"no corpus entry matches --only {args.only} / --skip {args.skip}")
+    out = set_out(Path(args.out or Path("reports") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    summary = run_regressions(
+        spec,
+        entries,
+        out,
+        progress,
+        fan=fan,
+        stock_build=build_specs[0] if build_specs else None,
+        reuse_reference=args.reuse_reference,
+    )
+    r = summary["recall"]
+    print(
+        f"recall: {r['caught']}/{r['total']} ({r['value']:.0%}) of re-injected vLLM refit bugs caught; "
+        f"expectations {'all met' if summary['all_met'] else 'NOT all met'}"
+    )
+    print(f"report: {(out / 'regressions.md').resolve()}")
+    return summary["exit_code"]

@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Literal, Protocol
 
 from harness.errors import CompareError
-from harness.records import ArmResult, ConsumedTensor, Observation, ObservationLabel, TensorRecord
+from harness.records import ArmResult, ConsumedTensor, InFlightRequest, Observation, ObservationLabel, TensorRecord
 
 Check = Literal["refit", "idempotency", "round_trip", "noise"]
 
@@ -159,6 +159,9 @@ class PathComparison:
     cache_hits: int | None = None
     """Prompt tokens the prefix cache served in the observation after the refit to B
     (None where the engine does not report them)."""
+    in_flight: tuple[InFlightRequest, ...] = ()
+    """Requests that were generating while the refit to B ran (paths that refit under
+    ``/pause``), followed to their end."""
 
 
 class Digested(Protocol):
@@ -397,15 +400,20 @@ def compare_consumed(
     witness: Observation | None,
     before: Observation | None,
     noise: Observation | None,
+    noise_reference: Observation | None = None,
 ) -> tuple[ConsumedDiff, ...]:
-    """Every kernel input of the subject's recorded forward against the reference's."""
+    """Every kernel input of the subject's recorded forward against the reference's. An input
+    on which ``noise`` and ``noise_reference`` (two cold starts on the same weights; by default
+    ``reference`` itself) disagree is NOISY."""
     subj, ref = _consumed_by_key(subject), _consumed_by_key(reference)
     wit, prev, noisy = _consumed_by_key(witness), _consumed_by_key(before), _consumed_by_key(noise)
+    floor = _consumed_by_key(noise_reference) if noise_reference is not None else ref
     diffs = []
     for key in list(subj) + [k for k in ref if k not in subj]:
         s, r, w, p, n = subj.get(key), ref.get(key), wit.get(key), prev.get(key), noisy.get(key)
+        f = floor.get(key)
         moved = s is not None and p is not None and p.address != s.address and (p.rank, p.name) == (s.rank, s.name)
-        status = classify(s, r, w, moved=moved, noisy=n is not None and r is not None and n.digest != r.digest)
+        status = classify(s, r, w, moved=moved, noisy=n is not None and f is not None and n.digest != f.digest)
         c = s if s is not None else r
         assert c is not None and reference is not None  # the key came from one side
         shown = subject.shown_name(c) if s is not None else reference.shown_name(c)
@@ -513,8 +521,11 @@ def compare_path(
     hooks: tuple[HookRun, ...] = ()
     notes: tuple[str, ...] = ()
     if ref is not None and "warm_B" in obs:
-        if same_mode:
-            consumed = compare_consumed(obs["warm_B"], ref, witness=before, before=moved_from, noise=_first_obs(noise))
+        if same_mode and cold_b is not None:
+            # Against the refit's own reference (a trainer step's cold start); the noise floor stays the run's pair.
+            consumed = compare_consumed(
+                obs["warm_B"], cold_b, witness=before, before=moved_from, noise=_first_obs(noise), noise_reference=ref
+            )
         else:
             notes = (
                 "kernel inputs not compared: the subject runs compiled and the reference eager, so their "
@@ -547,6 +558,7 @@ def compare_path(
         hooks=hooks,
         notes=notes,
         cache_hits=cache_hits(obs.get("warm_B")),
+        in_flight=obs["warm_B"].in_flight if "warm_B" in obs else (),
     )
 
 

@@ -8,12 +8,31 @@ from pathlib import Path
 
 from harness import store
 from harness.errors import SchemaError
-from harness.judge.diff import compare_path, one_digest
+from harness.judge.diff import PathComparison, compare_path, one_digest
 from harness.judge.evaluation import Evaluation, RunRecord
-from harness.judge.verdict import Verdict, VerdictStatus, judge, judge_sabotage, rebound_fails, skipped, with_sabotage
-from harness.plan import ArmPlan, Observe, mode_reference_name, sabotaged_twin
-from harness.records import ArmResult
+from harness.judge.verdict import (
+    Verdict,
+    VerdictStatus,
+    judge,
+    judge_sabotage,
+    rebound_fails,
+    skipped,
+    with_expected_census,
+    with_sabotage,
+)
+from harness.plan import (
+    ArmPlan,
+    Observe,
+    lora_noise_name,
+    lora_reference_name,
+    mode_reference_name,
+    sabotaged_twin,
+    trainer_reference_name,
+)
+from harness.records import ArmResult, ObservationLabel
 from harness.settings import arm_files
+from harness.spec.checkpoint_set import adapted_weight, trainer_target
+from harness.spec.run import JudgePolicy
 
 
 def evaluate(out: Path) -> Evaluation:
@@ -51,7 +70,13 @@ def evaluate(out: Path) -> Evaluation:
         if arm_or_none is None or subject is None:
             verdicts.append(Verdict(path, VerdictStatus.ERROR, ("subject arm never ran",)))
             continue
-        refusal = next((a.refused for a in (subject, reference) if a is not None and a.refused), None)
+        # A LoRA subject has cold LoRA engines of its own kind for reference and noise.
+        own_ref, own_noise, own_ref_arm = reference, noise, ref_arm
+        if arm_or_none.requirements.lora:
+            role = arm_or_none.requirements.lora
+            own_ref, own_noise = results.get(lora_reference_name(role)), results.get(lora_noise_name(role))
+            own_ref_arm = next((a for a in record.plan.arms if a.name == lora_reference_name(role)), None)
+        refusal = next((a.refused for a in (subject, own_ref) if a is not None and a.refused), None)
         if refusal:  # nothing to refit: vLLM will not run this engine here
             verdicts.append(skipped(path, f"vLLM cannot start this engine here: {refusal}"))
             continue
@@ -59,14 +84,17 @@ def evaluate(out: Path) -> Evaluation:
         cls = PATHS.get(path)
         # The control is localized under the model's own name for it (vLLM may rename it on load).
         renamed = dict(next((o.model.weight_names for o in subject.observations), ()))
-        control = renamed.get(record.checkpoints.control_tensor, record.checkpoints.control_tensor)
+        planted = arm.refit_checkpoints.control_tensor
+        # An adapter tensor is localized under the base weight it adapts (its LoRA layer's buffers).
+        planted = adapted_weight(planted) if arm.requirements.lora == "adapter" else planted
+        control = renamed.get(planted, planted)
         env = dict(subject.environment)
         device = env.get("device", "cpu")
         architecture = next((o.model.architecture for o in subject.observations), None)
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
-        same_mode = ref_arm is not None and mode == (ref_arm.requirements.mode or ref_arm.engine.mode)
+        same_mode = own_ref_arm is not None and mode == (own_ref_arm.requirements.mode or own_ref_arm.engine.mode)
         fail_on_rebound = rebound_fails(record.spec.judge, mode, device)
 
         # Segments in the order the engine ran them: the real ones, then the sabotaged twins.
@@ -76,13 +104,21 @@ def evaluate(out: Path) -> Evaluation:
         own_mode = None if same_mode else results.get(mode_reference_name(mode))
 
         def compared(
-            owner: str, subject=subject, order=order, control=control, arm=arm, same_mode=same_mode, own_mode=own_mode
+            owner: str,
+            subject=subject,
+            order=order,
+            control=control,
+            arm=arm,
+            same_mode=same_mode,
+            own_mode=own_mode,
+            own_ref=own_ref,
+            own_noise=own_noise,
         ):
             return compare_path(
                 owner,
                 charged_to_segment(subject, owner, order),
-                reference,
-                noise,
+                own_ref,
+                own_noise,
                 control,
                 record.spec.judge.logprob_atol,
                 _labels(arm, owner),
@@ -91,8 +127,33 @@ def evaluate(out: Path) -> Evaluation:
                 refit_reference=own_mode,
             )
 
+        if getattr(cls, "trains", False):
+            known = cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype)
+            found = trainer_step_verdicts(
+                path,
+                charged_to_segment(subject, path, order),
+                charged_to_segment(subject, sabotaged_twin(path), order) if record.spec.sabotage else None,
+                results,
+                reference,
+                noise,
+                control,
+                record.spec.trainer.steps,
+                record.spec.judge,
+                fail_on_rebound,
+                known,
+                _packed_mapping(subject),
+                sabotage=cls.sabotage,
+            )
+            comparisons += found[0]
+            verdicts += found[1]
+            continue
+
         c = compared(path)
         comparisons.append(c)
+        declined = refused_refit(cls.refusals, device, c.errors)
+        if declined:  # vLLM declines this refit here by design: nothing to judge, and no twin
+            verdicts.append(skipped(path, declined))
+            continue
         verdict = judge(
             c,
             record.spec.judge,
@@ -112,6 +173,9 @@ def evaluate(out: Path) -> Evaluation:
                 _packed_mapping(subject),
             )
             verdict = with_sabotage(verdict, outcome)
+        if record.spec.expected_census:
+            census = {t.name for o in (reference.observations[:1] if reference else ()) for t in o.tensors}
+            verdict = with_expected_census(verdict, record.spec.expected_census, census)
         verdicts.append(verdict)
     return Evaluation(
         record=record, arms=tuple(results.values()), comparisons=tuple(comparisons), verdicts=tuple(verdicts)
@@ -140,3 +204,107 @@ def charged_to_segment(subject: ArmResult, path: str, order: tuple[str, ...]) ->
     if here == failing:
         return replace(subject, error=f"failed in {where}: {subject.error}")
     return replace(subject, error=f"not run: the shared engine failed earlier, in {where}: {subject.error}")
+
+
+def refused_refit(refusals, device: str, errors: tuple[str, ...]) -> str | None:
+    """The SKIPPED reason when a path's segment failed with an error vLLM declines the refit
+    with by design on this device (``ReloadPath.refusals``), quoting vLLM's own words."""
+    for refusal in refusals:
+        said = next((e for e in errors if refusal.matches(device, e)), None)
+        if said is not None:
+            words = said.split("Worker failed with error ", 1)[-1]
+            return f"vLLM declines this refit on {refusal.device}: {refusal.reason}. vLLM said: {words[:400]}"
+    return None
+
+
+def step_verdict_name(path: str, step: int) -> str:
+    """The verdict of one trainer step: ``trainer_steps@T2``."""
+    return f"{path}@{trainer_target(step)}"
+
+
+def _step_view(subject: ArmResult, owner: str, step: int, last: bool, control_step: int) -> ArmResult:
+    """The subject as ``compare_path`` reads one A->B oracle: trainer step ``step`` is its B.
+    The step before it (for ``step`` > 1) is the value a stale tensor keeps; the last step also
+    carries its repeat (idempotency), its positive control and the round trip back to A."""
+    stage = {f"warm_{trainer_target(step)}": "warm_B"}
+    if last:
+        stage.update(
+            {
+                f"warm_{trainer_target(control_step)}_again": "warm_B_again",
+                f"warm_{trainer_target(control_step, control=True)}": "warm_B_control",
+                "warm_A": "warm_A",
+            }
+        )
+    kept, seen_own = [], False
+    for o in subject.observations:
+        if o.label.path != owner:
+            if not seen_own:
+                kept.append(o)
+            continue
+        seen_own = True
+        if step > 1 and o.label.stage == f"warm_{trainer_target(step - 1)}":
+            kept.append(replace(o, label=ObservationLabel(f"before_{trainer_target(step)}")))
+        elif o.label.stage in stage:
+            kept.append(replace(o, label=ObservationLabel(stage[o.label.stage], owner)))
+    # The step before, relabelled outside the segment, must come last of the non-segment ones.
+    before = [o for o in kept if o.label.path != owner]
+    own = [o for o in kept if o.label.path == owner]
+    return replace(subject, observations=tuple(before + own))
+
+
+def trainer_step_verdicts(
+    path: str,
+    subject: ArmResult,
+    twin_subject: ArmResult | None,
+    results: dict[str, ArmResult],
+    reference: ArmResult | None,
+    noise: ArmResult | None,
+    control: str,
+    steps: int,
+    policy: JudgePolicy,
+    fail_on_rebound: bool,
+    known,
+    packed: tuple[tuple[str, tuple[str, ...]], ...],
+    sabotage: str,
+) -> tuple[list[PathComparison], list[Verdict]]:
+    """One verdict per optimizer step of a trainer path: the engine after step ``k`` against a
+    cold start on step ``k``'s weights (the noise floor stays the run's cold-B pair). The
+    positive control (sent after the last step) and the sabotaged twin (one more step, one
+    parameter not sent) belong to the whole trainer, so every step's verdict carries them."""
+
+    def compared(owner: str, view: ArmResult, k: int, expected: tuple[str, ...]) -> PathComparison:
+        step_ref = results.get(trainer_reference_name(k))
+        c = compare_path(
+            owner,
+            view,
+            reference,
+            noise,
+            control,
+            policy.logprob_atol,
+            expected,
+            refit_reference=step_ref,
+        )
+        if step_ref is None or not step_ref.observations:
+            c = replace(c, errors=(*c.errors, f"{trainer_reference_name(k)} (cold start on step {k}) never observed"))
+        return c
+
+    last_expected = ("warm_B", "warm_B_again", "warm_B_control", "warm_A")
+    comparisons = []
+    for k in range(1, steps + 1):
+        last = k == steps
+        view = _step_view(subject, path, k, last, steps)
+        c = compared(path, view, k, last_expected if last else ("warm_B",))
+        comparisons.append(replace(c, path=step_verdict_name(path, k)))
+    control_outcome = comparisons[-1].control
+    comparisons = [c if c.control is not None else replace(c, control=control_outcome) for c in comparisons]
+    outcome = None
+    twin = None
+    if twin_subject is not None:
+        owner = sabotaged_twin(path)
+        view = _step_view(twin_subject, owner, steps + 1, False, steps)
+        twin = replace(
+            compared(owner, view, steps + 1, ("warm_B",)), path=sabotaged_twin(step_verdict_name(path, steps + 1))
+        )
+        outcome = judge_sabotage(twin, judge(twin, policy, fail_on_rebound), sabotage, "tensor", control, packed)
+    verdicts = [with_sabotage(judge(c, policy, fail_on_rebound, known=known), outcome) for c in comparisons]
+    return comparisons + ([twin] if twin is not None else []), verdicts

@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Literal
 
 from harness.judge.diff import ConsumedDiff, PathComparison, TensorDiff, TensorStatus, TokenDiff, control_targets
+from harness.records import InFlightRequest
 from harness.spec.known_issues import KnownIssue
 from harness.spec.run import JudgePolicy, Mode
 
@@ -170,14 +171,15 @@ def judge(
         if require_cache_hits and not c.cache_hits
         else []
     )
-    reasons = cache_reasons + reasons
+    flight_fails, flight_notes = in_flight_reasons(c.in_flight)
+    reasons = cache_reasons + flight_fails + reasons + flight_notes
 
     notes += c.notes
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
         errors = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
         status, reasons = VerdictStatus.ERROR, errors + reasons
-    elif bad or kernel_bad or token_reasons or cache_reasons:
+    elif bad or kernel_bad or token_reasons or cache_reasons or flight_fails:
         status, reasons = VerdictStatus.FAIL, reasons + control_reasons
     elif control_reasons or evidence_reasons:
         status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + evidence_reasons + reasons
@@ -187,6 +189,50 @@ def judge(
     explaining = _explaining(knowns, c, status, bad, kernel_bad)
     verdict = Verdict(c.path, status, tuple(reasons), first, first_kernel, detected, notes=tuple(notes))
     return _against_known(verdict, knowns, explaining)
+
+
+def in_flight_reasons(requests: tuple[InFlightRequest, ...]) -> tuple[list[str], list[str]]:
+    """``(failing, informational)`` reasons for the requests that were in flight across a paused
+    refit. They must end without an error, having run to their token budget, and ``keep`` must
+    have frozen them (no token while paused). Whether the tokens they made after ``/resume``
+    match what the new weights compute from scratch is shown, not judged: vLLM's own choice
+    (with ``clear_cache`` left at its default, a keep-pause preempts them and they recompute)."""
+    failing, notes = [], []
+    for r in requests:
+        if r.error:
+            failing.append(f"in-flight request {r.prompt} failed across the paused refit: {r.error}")
+        elif r.finish_reason != "length":
+            failing.append(
+                f"in-flight request {r.prompt} ended with finish_reason {r.finish_reason!r}, not 'length': it was "
+                f"cut short across the paused refit"
+            )
+        if r.tokens_while_paused:
+            failing.append(
+                f"in-flight request {r.prompt} streamed {r.tokens_while_paused} token(s) while the engine was paused"
+            )
+    if requests:
+        matched = [r.prompt for r in requests if r.tokens_after_resume and r.fresh_divergence is None]
+        diverged = [r for r in requests if r.fresh_divergence is not None]
+        line = (
+            f"in-flight requests: {len(requests)} generating across the paused refit "
+            f"({', '.join(f'{len(r.tokens_before_pause)}+{len(r.tokens_after_resume)}' for r in requests)} tokens "
+            f"before+after the pause); after /resume "
+        )
+        if not diverged:
+            worst = max((r.fresh_max_logprob_diff for r in requests), default=0.0)
+            line += (
+                f"all {len(matched)} match B (a fresh request on the same prefix, after the refit), "
+                f"logprobs within {worst:.3g}"
+            )
+        else:
+            line += (
+                f"{len(diverged)} diverge from B on the same prefix (first: request {diverged[0].prompt} at token "
+                f"{diverged[0].fresh_divergence} after the resume, logprobs up to "
+                f"{max(r.fresh_max_logprob_diff for r in diverged):.3g} apart): they went on from state the old "
+                f"weights computed"
+            )
+        notes.append(line)
+    return failing, notes
 
 
 def _evidence_reasons(c: PathComparison) -> list[str]:
@@ -263,8 +309,9 @@ def _explaining(
     and matches the name pattern, of one of them (tokens that diverge because of them come with it)."""
     if status is VerdictStatus.ERROR:
         return tuple(k for k in knowns if k.error_contains and any(k.error_contains in e for e in c.errors))[:1]
-    if not bad:
-        return ()
+    if not bad and not kernel_bad:
+        # Only tokens diverged, every tensor right: explained by an issue of served state (stale KV).
+        return tuple(k for k in knowns if k.tokens_only and c.cache_hits)[:1]
     kinds = {d.tensor: d.kind for d in c.tensors}
 
     def covering(name: str, kind: str | None) -> KnownIssue | None:
@@ -376,3 +423,19 @@ def _control_reasons(c: PathComparison) -> list[str]:
             f"{ctl.max_logprob_shift:.3g} after scaling {ctl.checkpoint_tensor}"
         )
     return reasons
+
+
+def with_expected_census(verdict: Verdict, patterns: tuple[str, ...], census_names: set[str]) -> Verdict:
+    """A configuration names the state its kernels read (``RunSpec.expected_census``: regular
+    expressions, searched): one the census of cold B never observed makes a PASS INCONCLUSIVE,
+    since a refit that missed it could not have been seen (and is named beside any other verdict)."""
+    missing = [p for p in patterns if not any(re.search(p, name) for name in census_names)]
+    if not missing or verdict.status in (VerdictStatus.SKIPPED, VerdictStatus.ERROR):
+        return verdict
+    reason = (
+        f"expected in the census but never observed: {', '.join(missing)} (the state this configuration's "
+        "kernels read was not reached, so a refit that missed it could not be seen)"
+    )
+    if verdict.status is VerdictStatus.PASS:
+        return replace(verdict, status=VerdictStatus.INCONCLUSIVE, reasons=(reason, *verdict.reasons))
+    return replace(verdict, reasons=(*verdict.reasons, reason))

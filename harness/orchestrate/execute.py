@@ -21,6 +21,7 @@ from typing import Protocol
 from harness import store
 from harness.checkpoints.prepare import prepare as prepare_checkpoints
 from harness.checkpoints.read import fingerprint, vocab_size
+from harness.checkpoints.trainer import trainer_steps
 from harness.errors import CheckpointError, UsageError
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation, RunRecord
@@ -67,6 +68,7 @@ def validate(spec: RunSpec) -> RunSpec:
         raise UsageError(f"tensor-parallel size must be at least 1, not {spec.engine.tensor_parallel_size}")
     if not spec.arm_timeout_s > 0:
         raise UsageError(f"arm timeout must be a positive number of seconds, not {spec.arm_timeout_s}")
+    validate_engine_args(spec)
     try:
         vocab = vocab_size(spec.model)
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
@@ -77,10 +79,11 @@ def validate(spec: RunSpec) -> RunSpec:
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
     longest = max((len(ids) for ids in prompts), default=0)
-    if longest + spec.prompts.max_tokens > spec.engine.max_model_len:
+    max_model_len = spec.engine.setting("max_model_len")
+    if isinstance(max_model_len, int) and longest + spec.prompts.max_tokens > max_model_len:
         raise UsageError(
             f"a prompt of {longest} tokens plus max_tokens {spec.prompts.max_tokens} is longer than "
-            f"max_model_len {spec.engine.max_model_len}"
+            f"max_model_len {max_model_len}"
         )
     too_big = [t for ids in prompts for t in ids if vocab and t >= vocab]
     if too_big:
@@ -95,12 +98,22 @@ def validate(spec: RunSpec) -> RunSpec:
                 f"--accuracy needs a tokenizer: {b} has none, and its vocabulary ({vocab}) is too small "
                 f"for the harness's character-level one ({CHAR_VOCAB} ids)"
             )
-        if spec.accuracy.max_tokens >= spec.engine.max_model_len:
+        if isinstance(max_model_len, int) and spec.accuracy.max_tokens >= max_model_len:
             raise UsageError(
-                f"--accuracy: max_tokens {spec.accuracy.max_tokens} does not fit max_model_len "
-                f"{spec.engine.max_model_len}"
+                f"--accuracy: max_tokens {spec.accuracy.max_tokens} does not fit max_model_len {max_model_len}"
             )
     return resolved
+
+
+def validate_engine_args(spec: RunSpec) -> None:
+    """The run's engine arguments against the ``EngineArgs`` of the build that will run them
+    (asked of its interpreter once, then cached): exit 2 in one line before any engine starts."""
+    if not spec.engine.engine_args:
+        return
+    from harness.builds.engine_fields import engine_fields
+    from harness.spec.engine_config import check_engine_args
+
+    check_engine_args(spec.engine.engine_args, engine_fields(spec.build), spec.build.name if spec.build else "")
 
 
 def resolve_prompts(spec: RunSpec) -> RunSpec:
@@ -175,15 +188,45 @@ def prepare(
             + f"): {type(exc).__name__}: {exc}"
         ) from exc
     classes = {p: PATHS.get(p) for p in spec.paths}
-    unavailable = {p: r for p, cls in classes.items() if (r := cls.unavailable_reason())}
+    from harness.device import unmet
+
+    unavailable: dict[str, str] = {}
+    if why := unmet(spec.requires_device):  # the engine configuration cannot run on this machine
+        unavailable = {p: f"{spec.requires_reason or 'this engine configuration'} ({why})" for p in spec.paths}
+    for p, cls in classes.items():
+        if r := cls.unavailable_reason():
+            unavailable.setdefault(p, r)
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
+    cs = replace(cs, control_scale=spec.control.scale)
+    if any(needs[p].trains for p in spec.paths if p not in unavailable):
+        progress(f"training checkpoint A for {spec.trainer.steps} step(s) (the trainer paths' targets)")
+        steps = spec.trainer.steps + (1 if spec.sabotage else 0)
+        try:
+            cs = replace(cs, trainer_steps=trainer_steps(cs.a, spec.trainer, resolved.prompts.token_ids or (), steps))
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
     for p, reason in not_started(spec, cs, needs).items():
         unavailable.setdefault(p, reason)
+    adapters = None
+    if any(cls.requirements.lora for p, cls in classes.items() if p not in unavailable):
+        from harness.checkpoints.lora import prepare_adapters
+
+        progress("preparing LoRA adapters A, B and B' (positive control)")
+        try:
+            adapters = prepare_adapters(spec.model, spec.lora, spec.lora_target, spec.perturb, spec.sabotage)
+        except CheckpointError as exc:
+            raise UsageError(str(exc)) from None
     # The record keeps the spec as asked; the plan carries the resolved prompts.
-    plan = make_plan(resolved, cs, needs, unavailable)
+    plan = make_plan(resolved, cs, needs, unavailable, adapters)
     env = arm_env(plan, spec, fan)
     key, inputs = None, None
-    if reuse_reference and plan.arms:
+    # The cache key reads this interpreter's vLLM; another build's (a venv, a patched overlay)
+    # cannot be identified from here, so its references are never taken from, or put in, the cache.
+    if (
+        reuse_reference
+        and any(a.role == "reference" for a in plan.arms)
+        and (spec.build is None or not spec.build.python)
+    ):
         inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
         key = reference.reference_key(inputs)
         found = (
@@ -261,7 +304,11 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
     out = {}
     for p, need in needs.items():
         prefix = need.requirements.enable_prefix_caching
-        engine = {"enable_prefix_caching": spec.engine.enable_prefix_caching if prefix is None else prefix}
+        # The engine as the arm will build it: the run's engine arguments, then the path's needs.
+        engine = {
+            **spec.engine.vllm_kwargs(),
+            "enable_prefix_caching": spec.engine.setting("enable_prefix_caching") if prefix is None else prefix,
+        }
         known = next((k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine)), None)
         if known:
             out[p] = f"known issue, not started: {known.reason}"

@@ -88,7 +88,10 @@ class CellItem(pytest.Item):
 
     def runtest(self) -> None:
         evaluation = _group_evaluation(self.config, self.group)
-        verdict = next(v for v in evaluation.verdicts if v.path == self.path_name)
+        # A trainer path gives one verdict per optimizer step (``<path>@T<k>``): the first that
+        # is not a PASS decides the item.
+        own = [v for v in evaluation.verdicts if v.path == self.path_name or v.path.startswith(self.path_name + "@")]
+        verdict = next((v for v in own if v.status.value != "PASS"), own[0])
         if verdict.status.value == "SKIPPED":
             pytest.skip(verdict.reasons[0] if verdict.reasons else "skipped")
         if verdict.status.value == "XFAIL":

@@ -11,9 +11,9 @@ import os
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from harness.device import RunsOn, cuda_available
-from harness.records import PromptOutput
+from harness.records import InFlightRequest, PromptOutput
 from harness.settings import SCRATCH_ENV
-from harness.spec.known_issues import KnownIssue
+from harness.spec.known_issues import KnownIssue, Refusal
 from harness.spec.requirements import EngineRequirements, EngineRestart, RefitTarget
 from harness.spec.run import PromptSpec
 
@@ -46,6 +46,12 @@ class Engine(Protocol):
         """A method of ``vllm.LLM`` (``sleep``, ``reset_prefix_cache``, weight-transfer calls...)."""
         ...
 
+    def serve_adapter(self, directory: str, load_inplace: bool) -> None:
+        """LoRA engines (``EngineRequirements.lora``) only: ``add_lora(LoRARequest(name, id,
+        directory, load_inplace=...))`` under the engine's one adapter name and id; later
+        requests serve it."""
+        ...
+
 
 class ReloadPath:
     """Base class: subclasses set the class attributes and implement ``refit``."""
@@ -65,6 +71,8 @@ class ReloadPath:
     """Why the path cannot be judged on a CPU-only machine, when that is not just CUDA."""
     known_issues: ClassVar[tuple[KnownIssue, ...]] = ()
     """Measured vLLM limitations this path runs into, per device (XFAIL while they hold)."""
+    refusals: ClassVar[tuple[Refusal, ...]] = ()
+    """Errors by which vLLM declines this refit by design on a device (SKIPPED with vLLM's words)."""
     sabotage: ClassVar[str] = (
         "the refit reads a copy of the target with the positive-control tensor left out, "
         "so that one tensor keeps its old value"
@@ -124,6 +132,12 @@ class ReloadPath:
     def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> EngineRestart | None:
         """The refit with the path's one essential step skipped or broken (see ``sabotage``)."""
         raise NotImplementedError(f"{self.name} declares no sabotaged refit")
+
+    def take_in_flight(self) -> tuple[InFlightRequest, ...]:
+        """Requests that were generating while the last refit ran, followed to their end (a
+        path that refits a serving engine under ``/pause``); the arm stores them with the
+        observation that follows. Asking again returns nothing until the next refit."""
+        return ()
 
     @property
     def left_out(self) -> str:

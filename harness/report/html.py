@@ -11,6 +11,7 @@ import pandas as pd
 from harness.judge.evaluation import Evaluation
 from harness.judge.verdict import FAILING_STATUSES
 from harness.report.render import render
+from harness.report.summary import engine_args_shown
 
 
 def render_html(
@@ -26,6 +27,12 @@ def render_html(
     return render(
         "run.html.j2",
         started=ev.record.started,
+        engine={
+            "dtype": ev.record.spec.engine.dtype,
+            "mode": ev.record.spec.engine.mode,
+            "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size,
+            "args": engine_args_shown(ev),
+        },
         paths=paths,
         divergent=[
             (name, p)

@@ -11,7 +11,8 @@ from harness.judge import exit_codes
 from harness.judge.evaluation import Evaluation
 from harness.report.render import ENV, render
 from harness.report.style import REPORT_SCHEMA_VERSION
-from harness.report.summary import md_text
+from harness.report.summary import md_code, md_text
+from harness.spec.engine_config import shown_items
 from harness.spec.scenario import CellGroup
 from harness.store import write_atomic
 
@@ -29,6 +30,7 @@ def matrix_summary(
     groups: dict[str, str] = {}
     grid: dict[str, dict[str, str]] = {}
     control_tensors: dict[str, str] = {}
+    engine_args: dict[str, list[str]] = {}
     codes = []
     for build, runs in per_build.items():
         for group, ev in runs:
@@ -36,6 +38,7 @@ def matrix_summary(
             codes.append(ev.exit_code)
             if ev.record:
                 control_tensors[group.id] = ev.record.checkpoints.control_tensor
+                engine_args[group.id] = shown_items(ev.record.spec.engine.engine_args)
             for v in ev.verdicts:
                 cell = cells.setdefault(
                     f"{v.path}[{group.id}]", {"group": group.id, "path": v.path, "builds": {}, "links": {}}
@@ -58,6 +61,7 @@ def matrix_summary(
         "groups": groups,
         "grid": grid,
         "control_tensors": control_tensors,
+        "engine_args": engine_args,
         "comparisons": {
             g: {"link": link, "expectations_met": code == 0} for g, (link, code) in (comparisons or {}).items()
         },
@@ -90,12 +94,17 @@ def write_matrix(out: Path, summary: dict) -> Path:
     return out / "index.html"
 
 
+def _args_md(summary: dict, group: str) -> str:
+    args = (summary.get("engine_args") or {}).get(group) or []
+    return (" (" + " ".join(md_code(a) for a in args) + ")") if args else ""
+
+
 def _markdown(summary: dict, columns: list[str], paths: list[str]) -> str:
     lines = [f"## refit-harness scenario {md_text(summary['scenario'])}", ""]
     if summary.get("grid"):
         lines += ["| cell group | " + " | ".join(md_text(p) for p in paths) + " |", "|---" * (len(paths) + 1) + "|"]
         lines += [
-            f"| {md_text(g)} | " + " | ".join(row.get(p, "—") for p in paths) + " |"
+            f"| {md_text(g)}{_args_md(summary, g)} | " + " | ".join(row.get(p, "—") for p in paths) + " |"
             for g, row in summary["grid"].items()
         ]
         lines.append("")

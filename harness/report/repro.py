@@ -133,6 +133,7 @@ def repro_script(ev: Evaluation) -> str | None:
         max_num_seqs=e.max_num_seqs,
         seed=e.seed,
         tensor_parallel_size=e.tensor_parallel_size,
+        **e.vllm_kwargs(),  # the run's engine arguments (--engine-arg, --engine-config, a scenario's configuration)
     )
     env = dict(next((a.environment for a in ev.arms if a.environment), ()))
     title = next((r.split(": ", 1)[1] for r in verdict.reasons if r.startswith("known issue on ")), None)

@@ -125,6 +125,7 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
             "mode": ev.record.spec.engine.mode,
             "dtype": ev.record.spec.engine.dtype,
             "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size,
+            "engine_args": ev.record.spec.engine.vllm_kwargs(),
         },
     }
 
@@ -176,6 +177,13 @@ def unobserved_summary(ev: Evaluation) -> dict[str, Any]:
     return {"count": len(items), "items": list(items.values())}
 
 
+def engine_args_shown(ev: Evaluation) -> list[str]:
+    """The run's engine arguments as ``key=value`` (strings bare, other values as JSON)."""
+    from harness.spec.engine_config import shown_items
+
+    return shown_items(ev.record.spec.engine.engine_args)
+
+
 def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
     icon = ICON
     env = summary["environment"]
@@ -184,6 +192,9 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         "",
         f"vLLM {md_code(env.get('vllm', '?'))} · torch {md_code(env.get('torch', '?'))} · "
         f"{md_text(env.get('device', '?'))} · {md_text(env['mode'])} · harness {md_code(env['git_sha'])}",
+        "",
+        f"engine: {md_text(env['dtype'])} · TP {env['tensor_parallel_size']} · engine arguments: "
+        + (" ".join(md_code(a) for a in engine_args_shown(ev)) or "vLLM defaults"),
         "",
         "| path | verdict | what decided it |",
         "|---|---|---|",

@@ -13,6 +13,9 @@ FIXTURE_ARCHITECTURES = {
     "InPlaceGainQwen3ForCausalLM": "harness.worker.fixtures.models:InPlaceGainQwen3ForCausalLM",
     "DerivedGainQwen3ForCausalLM": "harness.worker.fixtures.models:DerivedGainQwen3ForCausalLM",
     "FaultyReloadQwen3ForCausalLM": "harness.worker.fixtures.models:FaultyReloadQwen3ForCausalLM",
+    "StaleKVScaleFloatQwen3ForCausalLM": "harness.worker.fixtures.models:StaleKVScaleFloatQwen3ForCausalLM",
+    "PlainGemmQwen3ForCausalLM": "harness.worker.fixtures.models:PlainGemmQwen3ForCausalLM",
+    "RootSizeNormQwen3ForCausalLM": "harness.worker.fixtures.models:RootSizeNormQwen3ForCausalLM",
 }
 
 

@@ -30,8 +30,50 @@ class CheckpointSet:
     """B heavily damaged (``--accuracy`` only): the accuracy probe's discriminating-power arm
     cold-starts on it."""
 
+    control_scale: float = 1.01
+    """The factor ``control_tensor`` is scaled by in B' (``ControlSpec.scale``); a trainer scales
+    its own copy of that tensor by it for its positive control."""
+    trainer_steps: tuple[str, ...] = ()
+    """The live trainer's ``save_pretrained`` after each optimizer step (``T1``, ``T2``...), made
+    when a trainer path runs (see ``harness.spec.run.TrainerSpec``); empty otherwise."""
+
     def directory(self, key: str) -> str:
+        step = trainer_step(key)
+        if step is not None:
+            if not 1 <= step[0] <= len(self.trainer_steps):
+                raise ValueError(f"no trainer step {step[0]} was prepared for this run")
+            # T<k>_control: the trainer's own step-k weights, the control tensor scaled as it is sent.
+            return self.trainer_steps[step[0] - 1]
         found = {"A": self.a, "B": self.b, "B_control": self.b_control, "B_damaged": self.b_damaged}[key]
         if found is None:
             raise ValueError(f"no checkpoint {key} was prepared for this run")
         return found
+
+
+PEFT_PREFIX = "base_model.model."
+"""The prefix PEFT gives every tensor of an adapter."""
+
+
+def adapted_weight(adapter_tensor: str) -> str:
+    """The base weight a LoRA adapter tensor adapts, under the checkpoint's name:
+    ``base_model.model.X.lora_A.weight`` -> ``X.weight`` (vLLM loads the pair into ``X``'s LoRA
+    layer, or into the fused layer that packs ``X``); other names are returned unchanged."""
+    name = adapter_tensor.removeprefix(PEFT_PREFIX)
+    for part in (".lora_A.weight", ".lora_B.weight"):
+        if name.endswith(part):
+            return name[: -len(part)] + ".weight"
+    return adapter_tensor
+
+
+def trainer_target(step: int, control: bool = False) -> str:
+    """The refit target of a trainer's optimizer step: ``T<k>``, or ``T<k>_control`` (the step's
+    weights with the positive-control tensor scaled)."""
+    return f"T{step}" + ("_control" if control else "")
+
+
+def trainer_step(target: str) -> tuple[int, bool] | None:
+    """``(step, control)`` of a trainer target (``T2`` -> ``(2, False)``); None for A, B, B'."""
+    head, _, tail = target.partition("_")
+    if len(head) < 2 or head[0] != "T" or not head[1:].isdigit() or tail not in ("", "control"):
+        return None
+    return int(head[1:]), tail == "control"

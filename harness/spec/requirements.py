@@ -13,8 +13,12 @@ from harness.spec.run import Mode
 
 EngineKind = Literal["llm", "ray_llm", "http"]
 """How a subject engine is run (see ``EngineRequirements.kind``)."""
-RefitTarget = Literal["A", "B", "B_control"]
-"""The checkpoint a refit updates an engine to: A, B, or B' (the positive control)."""
+RefitTarget = str
+"""The weights a refit updates an engine to: ``A``, ``B``, ``B_control`` (B', the positive
+control), or a live trainer's optimizer step ``T<k>`` / ``T<k>_control``
+(``harness.spec.checkpoint_set.trainer_target``)."""
+LoRARole = Literal["adapter", "base"]
+"""What a LoRA engine's checkpoints A, B, B' are (see ``EngineRequirements.lora``)."""
 
 
 @dataclass(frozen=True)
@@ -35,9 +39,21 @@ class EngineRequirements:
     """Override the run's eager/compiled mode."""
     enable_sleep_mode: bool = False
     """Build the engine with ``enable_sleep_mode=True``."""
+    apart: str = ""
+    """Keeps the engine apart from paths with otherwise equal requirements (equal ``apart``
+    share): for paths whose transport state in the engine another path would replace (the
+    worker holds one weight-transfer group; a second sender's init replaces the first's)."""
     restarts: bool = False
     """The path ends the engine and starts a new one at every refit: it cannot share an
     engine, and addresses or hook counts are not comparable across its refits."""
+    isolated: bool = False
+    """The path gets an engine of its own: a refit vLLM may refuse midway (the raw
+    ``load_weights`` on CPU) must not end the segments of other paths."""
+    lora: LoRARole | None = None
+    """A LoRA engine (``enable_lora``): ``adapter``, the base stays at A and A, B, B' are the
+    run's adapters (``--lora``, ``--lora-target``), served by every request; ``base``, adapter A
+    is served by every request while A, B, B' are the base weights. The path is judged against
+    cold LoRA engines of the same role (``reference-lora-<role>``), never the plain reference."""
 
 
 @dataclass(frozen=True)

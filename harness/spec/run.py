@@ -7,6 +7,7 @@ from typing import Literal
 
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
 from harness.spec.build import BuildSpec
+from harness.spec.engine_config import EngineArgs, decode
 
 Mode = Literal["eager", "compiled"]
 DigestChoice = Literal["auto", "xxh3", "blake3", "device"]
@@ -44,6 +45,21 @@ class EngineSpec:
     the same worker code either way; in-process saves a second vLLM import and start per arm
     (measured here: 45 s vs 18 s for a tiny model's cold start). ``vllm serve`` arms always
     keep vLLM's own process layout."""
+    engine_args: EngineArgs = ()
+    """Further vLLM engine arguments every arm is built with (``--engine-arg``, ``--engine-config``,
+    a scenario's engine configuration), as sorted ``(EngineArgs field, JSON value)`` pairs.
+    They override the harness's defaults above (``max_num_seqs``, ``enable_prefix_caching``...);
+    a reload path's own needs (its load format, prefix caching, sleep mode) still win. Checked
+    against the build's ``EngineArgs`` before any engine starts (``harness.spec.engine_config``)."""
+
+    def vllm_kwargs(self) -> dict:
+        """The engine arguments as ``LLM(...)`` keyword arguments."""
+        return decode(self.engine_args)
+
+    def setting(self, name: str):
+        """The value an arm runs with for one of the harness's own settings above, after the
+        engine arguments (``max_model_len`` given as ``--engine-arg`` wins over the default)."""
+        return self.vllm_kwargs().get(name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -143,6 +159,26 @@ class AccuracyPrompts:
 
 
 @dataclass(frozen=True)
+class TrainerSpec:
+    """The live trainer of the trainer paths: a transformers model of checkpoint A in fp32,
+    trained with AdamW on the next-token loss over the run's prompts. Each optimizer step's
+    weights are one oracle target (``T<k>``), judged against a cold start on that step's
+    ``save_pretrained``."""
+
+    steps: int = 2
+    """Optimizer steps, one verdict each."""
+    lr: float = 5.0e-3
+    """AdamW learning rate: large enough that every tensor still moves after a cast to bf16
+    (Adam moves each element by about ``lr`` a step; bf16 spaces values near 1 by 2**-7)."""
+    threads: int = 1
+    """CPU threads of every trainer step: a step's result depends on the thread count (the
+    reductions of the backward pass split by threads), and the prepared steps and the live
+    trainer must compute the same weights."""
+    seed: int = 0
+    """``torch.manual_seed`` before the trainer is built."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One oracle run: checkpoints, paths and settings."""
 
@@ -164,6 +200,8 @@ class RunSpec:
     """Tolerances and policies of the verdict."""
     arm_timeout_s: float = DEFAULT_ARM_TIMEOUT_S
     """An arm running longer than this is killed and marked ERROR."""
+    trainer: TrainerSpec = field(default_factory=TrainerSpec)
+    """The live trainer of the trainer paths (``trainer_steps``, ``trainer_steps_gloo``)."""
     sabotage: bool = False
     """Also run each path's sabotaged twin (the one step the path exists for, skipped or
     broken) in the same engine. A twin that is not caught makes the path INCONCLUSIVE."""
@@ -176,3 +214,18 @@ class RunSpec:
     copy of B (the eval's discriminating power); None: off."""
     digest: DigestChoice = "auto"
     """How every arm digests tensors (``DigestChoice``); part of the reference-cache key."""
+    requires_device: tuple[str, ...] = ()
+    """Devices the engine configuration runs on at all, any of them: ``cpu``, ``cuda`` or a
+    compute capability such as ``sm90`` (``harness.device.device_tags``); elsewhere every path is
+    SKIPPED with ``requires_reason``. Empty: anywhere."""
+    requires_reason: str = ""
+    """Why the configuration needs that device (shown in the SKIPPED reason)."""
+    expected_census: tuple[str, ...] = ()
+    """Regular expressions (searched) of census names the cold-B reference must observe: the
+    state the engine configuration's kernels read (a scenario's ``EngineConfig.expect_census``).
+    One never observed makes a PASS INCONCLUSIVE, naming it."""
+    lora: str | None = None
+    """PEFT adapter directory A served by LoRA paths' engines; None: the harness writes a
+    deterministic adapter for the model (only when a LoRA path runs)."""
+    lora_target: str | None = None
+    """PEFT adapter directory B of the ``lora_inplace`` refit; None: A perturbed in every tensor."""

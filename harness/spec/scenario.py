@@ -1,10 +1,12 @@
-"""Scenarios: a declarative release-gate matrix (models x paths x modes x TP x perturbation).
+"""Scenarios: a declarative release-gate matrix (models x engine configurations x paths x
+modes x TP x dtypes x perturbations).
 
 A scenario factory (registered in ``scenarios/``) returns a ``ScenarioSpec``. ``expand``
-turns it into cell groups: one oracle run (``RunSpec``) per model x mode x TP x
-perturbation, covering every path of the scenario, so the reference arms are shared by
-all paths of a group. Each (group, path) is one cell with a readable id, e.g.
-``reload_weights[tiny-qwen3-eager-tp1]``. Pure: no torch, no vLLM.
+turns it into cell groups: one oracle run (``RunSpec``) per model x engine configuration x
+mode x TP x dtype x perturbation, covering every path of the scenario, so the reference arms
+are shared by all paths of a group. Each (group, path) is one cell with a readable id, e.g.
+``reload_weights[tiny-qwen3-eager-tp1]``, or ``reload_weights[tiny-qwen3-fp8kv-eager-tp1]``
+for an engine configuration labelled ``fp8kv``. Pure: no torch, no vLLM.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from harness.device import Device
+from harness.errors import UsageError
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
+from harness.spec.engine_config import EngineArgs, EngineConfig, merge
 from harness.spec.run import (
     ControlSpec,
     DigestChoice,
@@ -38,6 +42,9 @@ class ModelRef:
     builder: str | None = None
     """Build a model instead of reading ``path``: ``tiny-qwen3`` (the embedded one) or
     ``zoo:<family>`` (a tiny stock architecture, ``harness.checkpoints.zoo``)."""
+    engine_args: EngineArgs = ()
+    """vLLM engine arguments this model always runs with (a zoo family's fp8 KV cache, an online
+    quantization); an engine configuration's arguments go on top of them."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,10 @@ class ScenarioSpec:
     """How B is made from A (ignored when ``target`` is set)."""
     target: str | None = None
     """A fixed checkpoint B for every model, instead of a perturbation."""
+    lora: str | None = None
+    """A fixed PEFT adapter A for the LoRA paths of every model (None: the harness writes one per model)."""
+    lora_target: str | None = None
+    """A fixed PEFT adapter B for ``lora_inplace`` (None: adapter A perturbed)."""
     prompts: PromptSpec = field(default_factory=PromptSpec)
     """Prompts for every cell."""
     judge: JudgePolicy = field(default_factory=JudgePolicy)
@@ -76,6 +87,9 @@ class ScenarioSpec:
     """Run vLLM's engine core in a process of its own in every arm (``EngineSpec``)."""
     digest: DigestChoice = "auto"
     """How every cell's arms digest tensors (``harness.spec.run.DigestChoice``)."""
+    engine_configs: tuple[EngineConfig, ...] = (EngineConfig(),)
+    """vLLM engine configurations, one cell group each per model (a configuration x path grid);
+    the default is vLLM's own defaults under the harness's settings. Labels must be unique."""
     device: Device = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
@@ -105,14 +119,19 @@ class CellGroup:
 
 def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple[CellGroup, ...]:
     """Every cell group, keeping only cells matching an ``only`` glob (if any) and none of ``skip``."""
+    labels = [c.label for c in s.engine_configs]
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"scenario {s.name!r}: engine configuration labels must be unique, got {labels}")
     groups = []
-    for m in s.models:
+    for m, config in ((m, c) for m in s.models for c in s.engine_configs if c.applies_to(m.label)):
         for mode in s.modes:
             for tp in s.tp_sizes:
                 for dtype in s.dtypes:
                     for perturb in s.perturbations:
                         gid = (
-                            f"{m.label}-{mode}-tp{tp}"
+                            f"{m.label}"
+                            + (f"-{config.label}" if config.label else "")
+                            + f"-{mode}-tp{tp}"
                             + _DTYPE_TAG.get(dtype, f"-{dtype}")
                             + (f"-p{perturb.seed}" if len(s.perturbations) > 1 else "")
                         )
@@ -128,6 +147,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 tensor_parallel_size=tp,
                                 dtype=dtype,
                                 engine_core_process=s.engine_core_process,
+                                engine_args=merge(m.engine_args, config.args),
                             ),
                             control=s.control,
                             prompts=s.prompts,
@@ -136,6 +156,11 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                             arm_timeout_s=s.arm_timeout_s,
                             sabotage=s.sabotage,
                             digest=s.digest,
+                            expected_census=config.expect_census,
+                            requires_device=config.devices,
+                            requires_reason=config.skip_reason,
+                            lora=s.lora,
+                            lora_target=s.lora_target,
                         )
                         groups.append(CellGroup(id=gid, model=m, spec=spec))
     return tuple(groups)

@@ -8,6 +8,7 @@ which this walk also visits.
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import struct
@@ -33,6 +34,10 @@ _SKIP_ATTRS = frozenset(
         "_state_dict_hooks",
         "_load_state_dict_pre_hooks",
         "kv_cache",
+        # A LoRA layer's punica wrapper holds the last batch's token-to-adapter indices: per-step
+        # scheduling state rebuilt before every forward, like the KV cache, not weights.
+        "punica_wrapper",
+        "punica_wrapper_mapping",
     }
 )
 # Object types whose attributes are configuration, never kernel state.
@@ -202,6 +207,79 @@ def _storage_ptr(t: torch.Tensor) -> int:
         return -1
 
 
+@dataclass(frozen=True)
+class NumberEntry:
+    """A Python number found by the walk: a float, or an int whose name is private."""
+
+    name: str
+    kind: str
+    value: float | int
+
+
+def walk_numbers(model: nn.Module) -> list[NumberEntry]:
+    """Python numbers the kernels may read instead of a tensor: every ``float`` attribute of a
+    module, and every ``int`` attribute whose name starts with ``_`` (public ints are shapes and
+    counts from the config), on the module itself and on the non-module objects it holds (its
+    quant method, its attention implementation). vLLM's attention takes ``_k_scale_float`` and
+    ``_v_scale_float`` from the KV-scale tensors at load and passes them to the kernel: a refit
+    that refreshed the tensors but not the floats is only visible here. Bools are flags, never
+    numbers; the walk never descends into containers (their numbers are configuration)."""
+    entries: list[NumberEntry] = []
+    seen: set[int] = set()
+
+    def numbers_of(owner: object, prefix: str, kind: str, depth: int) -> None:
+        try:
+            items = list(vars(owner).items())
+        except TypeError:
+            return
+        for attr, value in items:
+            if attr in _SKIP_ATTRS or isinstance(value, bool):
+                continue
+            if isinstance(value, float) or (isinstance(value, int) and attr.startswith("_")):
+                entries.append(NumberEntry(f"{prefix}{attr}", kind, value))
+            elif (
+                depth == 0
+                and not isinstance(value, (nn.Module, torch.Tensor, enum.Enum))  # an enum's _sort_order_ is no state
+                and _is_walkable_object(value)
+                and id(value) not in seen
+            ):
+                seen.add(id(value))
+                numbers_of(value, f"{prefix}{attr}.", "number", depth + 1)
+
+    for mod_name, module in model.named_modules():
+        numbers_of(module, f"{mod_name}." if mod_name else "", "number", 0)
+    return entries
+
+
+def number_digest(value: float | int) -> str:
+    """blake3-128 of the number's exact value (a float's hex form: no rounding); numbers are
+    digested the same way whatever the run's tensor digest, so they compare across runs."""
+    import blake3
+
+    text = f"float:{value.hex()}" if isinstance(value, float) else f"int:{value}"
+    return blake3.blake3(text.encode()).hexdigest(length=16)
+
+
+def observe_number(entry: NumberEntry, rank: int = 0) -> TensorRecord:
+    """The record of a number: judged like a 0-d tensor (a NaN counts as a difference)."""
+    value = entry.value
+    is_nan = isinstance(value, float) and math.isnan(value)
+    finite = not isinstance(value, float) or math.isfinite(value)
+    return TensorRecord(
+        name=entry.name,
+        kind="number",
+        dtype="float" if isinstance(value, float) else "int",
+        shape=(),
+        device="host",
+        address=0,
+        digest=number_digest(value),
+        nan_count=int(is_nan),
+        absmax=float(abs(value)) if finite else 0.0,
+        rank=rank,
+        value=value if finite else None,
+    )
+
+
 PROBE_ROWS = 3
 PROBE_SEED = 20260
 
@@ -225,6 +303,11 @@ def probe_linear_kernels(model: nn.Module, unobserved: list[UnobservedRecord] | 
         for mod_name, module in model.named_modules():
             method = getattr(module, "quant_method", None)
             in_features = getattr(module, "input_size_per_partition", None)
+            if in_features is None and callable(getattr(module, "tie_weights", None)):
+                # vLLM's ParallelLMHead: its quant method computes the logits, on CPU through a
+                # kernel copy (a packed weight or a oneDNN handle) built from the weight at load,
+                # which for a tied head is the embedding's parameter.
+                in_features = getattr(module, "embedding_dim", None)
             if method is None or not hasattr(method, "apply") or not isinstance(in_features, int):
                 continue
             name = f"{mod_name}.<kernel-output>"

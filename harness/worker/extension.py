@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
-from harness.worker.census import observe_entry, probe_linear_kernels, walk_model
+from harness.worker.census import observe_entry, observe_number, probe_linear_kernels, walk_model, walk_numbers
 from harness.worker.digest import resolve as resolve_digest
 from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
@@ -27,6 +27,25 @@ class RefitObserver:
         from harness import safetensors_files
 
         tensors = list(safetensors_files.tensors(safetensors_files.files(checkpoint_dir), exclude=exclude or ()))
+        self.reload_weights(weights_iterator=iter(tensors))
+
+    def refit_harness_raw_load_weights(self, checkpoint_dir: str, exclude: list[str] | None = None) -> int:
+        """``model.load_weights(iterator)`` under ``torch.no_grad()``, the call colocated trainers
+        make (verl's sharding managers, TRL's colocate mode), not vLLM's layerwise
+        ``reload_weights``: no post-load hook runs. ``exclude``: names left out of the feed (a
+        sabotaged refit). Returns how many parameters vLLM says it loaded."""
+        import torch
+
+        from harness import safetensors_files
+
+        tensors = safetensors_files.tensors(safetensors_files.files(checkpoint_dir), exclude=exclude or ())
+        with torch.no_grad():
+            loaded = self.get_model().load_weights(iter(list(tensors)))
+        return len(loaded) if loaded is not None else -1
+
+    def refit_harness_load_tensors(self, tensors: list) -> None:
+        """reload_weights fed a trainer's ``(name, tensor)`` pairs as they were sent: its own
+        names and dtype, for vLLM's loaders to map, pack and cast."""
         self.reload_weights(weights_iterator=iter(tensors))
 
     def refit_harness_save_kernel_state(self, directory: str) -> None:
@@ -86,6 +105,10 @@ class RefitObserver:
         for entry in entries:
             seen = observe_entry(entry, rank, algorithm)
             (unobserved if isinstance(seen, UnobservedRecord) else records).append(seen)
+        try:
+            records += [observe_number(n, rank) for n in walk_numbers(model)]
+        except Exception as exc:
+            unobserved.append(UnobservedRecord("<number-walk>", "number", f"{type(exc).__name__}: {exc}"[:300]))
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         census = RankCensus(
             rank=rank,
@@ -191,6 +214,12 @@ class RefitObserver:
             for t in kv if isinstance(kv, (list, tuple)) else [kv]:
                 if t is not None and t.numel() > 0:
                     ptrs.add(t.untyped_storage().data_ptr())
+        # A LoRA engine's per-step adapter indices: batch state too (which adapter each token used).
+        from harness.worker.vllm_private import lora_step_tensors
+
+        for t in lora_step_tensors(self.get_model()):
+            if t.numel() > 0:
+                ptrs.add(t.untyped_storage().data_ptr())
         return frozenset(ptrs)
 
 

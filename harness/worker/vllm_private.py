@@ -80,3 +80,25 @@ def skip_cpu_gemm_dispatch(linear: Any) -> None:
     Private: the ``_cpu_skip_gemm_dispatch`` flag vLLM sets on MLA's ``kv_b_proj``. Why: it is
     the only switch; no public option keeps a CPU linear weight out of the oneDNN handle."""
     linear._cpu_skip_gemm_dispatch = True
+
+
+def lora_step_tensors(model: Any) -> list[Any]:
+    """The tensors of a LoRA engine's punica wrappers: which adapter each token of the last batch
+    used (``_token_lora_indices``, ``_embeddings_indices``, ...), rebuilt before every forward.
+
+    Private: ``model.lora_manager`` (set by vLLM's ``LoRAModelManager``) and its
+    ``punica_wrapper_mapping``. Why: per-step batch state is not weights and differs between any
+    two engines that last ran different batches; the census and the recorder must leave it out,
+    as they leave out the KV cache."""
+    import torch
+
+    manager = getattr(model, "lora_manager", None)
+    wrappers = list((getattr(manager, "punica_wrapper_mapping", None) or {}).values())
+    out = []
+    for wrapper in wrappers:
+        for value in vars(wrapper).values():
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+            elif isinstance(value, (list, tuple)):
+                out += [v for v in value if isinstance(v, torch.Tensor)]
+    return out

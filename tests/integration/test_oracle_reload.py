@@ -10,16 +10,27 @@ import pytest
 from harness.checkpoints.tiny import tiny_qwen3
 
 pytestmark = [pytest.mark.cpu]
+TRAINER_STEPS = tuple(f"{p}@T{k}" for p in ("trainer_steps", "trainer_steps_gloo") for k in (1, 2))
+"""A trainer path's verdicts, one per optimizer step (two by default)."""
 PASSING_ON_CPU = (
     "reload_weights",
     "reload_weights_iterator",
     "discard_reload",
     "transfer_gloo",
     "http_reload",
+    "http_weight_transfer",
     "dummy_start",
     "prefix_cache",
     "compiled",
+    *TRAINER_STEPS,
 )
+
+
+def twin_of(verdict: str) -> str:
+    """The sabotaged twin's comparison behind a verdict: a trainer's twin is the step after the last."""
+    return verdict.split("@")[0] + "@T3~sabotage" if "@T" in verdict else f"{verdict}~sabotage"
+
+
 WEIGHT_CHANGING = (
     "reload_weights",
     "reload_weights_iterator",
@@ -51,9 +62,32 @@ def rows(run, table: str, **equal):
     return t
 
 
+# Every registered path but the LoRA ones: they run in LoRA engines with their own references
+# (tests/integration/test_rl_paths.py has their one cell, in bf16).
+OWN_CELL = ("lora_inplace", "lora_inplace_prefix_cache", "lora_inplace_same_path", "lora_base_reload")
+
+
+def stock_args() -> tuple[str, ...]:
+    """The stock run's arguments (test_reference_reuse asks for the same run)."""
+    from harness.paths import PATHS
+
+    paths = ",".join(p for p in PATHS.names() if p not in OWN_CELL and p not in PATHS.third_party)
+    return ("--model", model(), "--paths", paths, "--sabotage")
+
+
 @pytest.fixture(scope="module")
 def stock(run_oracle):
-    return run_oracle("stock", "--model", model(), "--paths", "all", "--sabotage")
+    return run_oracle("stock", *stock_args())
+
+
+def test_raw_load_weights_is_declined_by_the_cpu_backend_in_vllms_words(stock):
+    p = stock.summary["paths"]["raw_load_weights"]
+    assert p["verdict"] == "SKIPPED", p
+    assert "vLLM declines this refit on cpu" in p["reasons"][0], p["reasons"]
+    assert "Attempted to load weight" in p["reasons"][0] and "into parameter (torch.Size([0]))" in p["reasons"][0]
+    # Its own engine: the refusal ends no other path's segment.
+    assert [a["status"] for a in stock.summary["arms"] if a["arm"] == "subject-raw_load_weights"] == ["error"]
+    assert stock.summary["paths"]["reload_weights"]["verdict"] == "PASS"
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +126,45 @@ def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock)
             assert so["detail"].startswith(f"caught: {control} "), (name, so)
     twins = rows(stock, "tensors.csv", check="refit", tensor=control)
     twins = twins[twins["path"].str.endswith("~sabotage") & twins["status"].isin(["STALE", "CORRUPT"])]
-    assert set(twins["path"]) == {f"{p}~sabotage" for p in PASSING_ON_CPU + ("reload_kernel_format",)} - {
+    assert set(twins["path"]) == {twin_of(p) for p in PASSING_ON_CPU + ("reload_kernel_format",)} - {
         "prefix_cache~sabotage"
     }
     html = (stock.out / "index.html").read_text()
     assert "id='sabotage'" in html and "sabotage control" in (stock.out / "summary.md").read_text()
+
+
+def test_http_weight_transfer_refits_with_requests_in_flight_that_finish_and_match_b(stock):
+    from harness import store
+    from harness.records import ArmResult
+
+    result = store.load(ArmResult, stock.out / "arms" / "subject-http_weight_transfer.result.json", "arm_result")
+    warm = next(o for o in result.observations if str(o.label) == "http_weight_transfer/warm_B")
+    assert len(warm.in_flight) == 4, warm.in_flight
+    for r in warm.in_flight:
+        assert r.error is None and r.finish_reason == "length", r
+        assert r.tokens_before_pause and r.tokens_after_resume and r.tokens_while_paused == 0, r
+        # vLLM 0.32: a keep-pause with clear_cache at its default preempts the running requests, so
+        # they recompute their prefix with the new weights: exactly what a fresh request on B computes.
+        assert r.fresh_divergence is None and r.fresh_max_logprob_diff == 0.0, r
+    reasons = stock.summary["paths"]["http_weight_transfer"]["reasons"]
+    assert any("4 generating across the paused refit" in line and "all 4 match B" in line for line in reasons)
+
+
+def test_trainer_steps_are_judged_per_step_against_each_steps_cold_start(stock):
+    arms = {a["arm"]: a["status"] for a in stock.summary["arms"]}
+    assert {arms.get(f"reference-T{k}") for k in (1, 2, 3)} == {"ok"}, arms
+    for name in TRAINER_STEPS:
+        assert stock.summary["paths"][name]["verdict"] == "PASS", name
+    refit = rows(stock, "tensors.csv", check="refit")
+    # Each step is judged against its own cold start, and step 2's witness is step 1: every kernel
+    # and every non-empty parameter moved and matches (fp32 CPU linear parameters are empty, their
+    # weights live in oneDNN handles: UNJUDGEABLE, seen through the kernel probes instead).
+    for name in TRAINER_STEPS:
+        cells = refit[(refit["path"] == name) & refit["kind"].isin(["parameter", "kernel"])]
+        kernels = cells[cells["kind"] == "kernel"]
+        assert len(kernels) and set(kernels["status"]) == {"OK"}, (name, kernels["status"].value_counts().to_dict())
+        assert set(cells["status"]) <= {"OK", "UNJUDGEABLE"}, (name, cells["status"].value_counts().to_dict())
+        assert (cells[cells["kind"] == "parameter"]["status"] == "OK").sum() > 0, name
 
 
 def test_prefix_cache_is_served_from_the_cache_after_the_refit(stock):

@@ -15,9 +15,9 @@ def test_a_second_run_on_the_same_b_reuses_the_reference_and_still_judges(run_or
     if not reuse_by_default():
         pytest.skip("reference reuse is off (--refit-fresh-reference)")
     model = str(tiny_qwen3())
-    first = run_oracle(
-        "stock", "--model", model, "--paths", "all", "--sabotage"
-    )  # the same run as test_oracle_reload's
+    from tests.integration.test_oracle_reload import stock_args
+
+    first = run_oracle("stock", *stock_args())  # the same run as test_oracle_reload's
     key = first.summary["reference"]["key"]
     assert key, first.output
     second = run_oracle("reuse-reload_weights", "--model", model, "--paths", "reload_weights")

@@ -15,10 +15,13 @@ import sys
 
 import pytest
 
-from harness.checkpoints.zoo import FAMILIES
+from harness.checkpoints.zoo import FAMILIES, TIED_FAMILIES
 
 pytestmark = [pytest.mark.cpu]
 TESTED = tuple(f.label for f in FAMILIES if f.label != "qwen3")
+# The tied-embedding variant of every dense family (no lm_head.weight on disk), one cell each, in a
+# run of their own. (The fp8-KV family's cell is tests/integration/test_kv_scales.py's fixed twin.)
+TIED = tuple(f.label for f in TIED_FAMILIES)
 # The known CPU fused-MoE reload bug (harness/known_issues.py): every MoE family of the zoo.
 MOE_CORRUPTED = ("qwen3-moe", "mixtral", "deepseek-v2", "granitemoe-hybrid")
 
@@ -168,3 +171,35 @@ def test_a_kernel_format_sabotage_leaves_the_control_out_under_the_models_own_na
     path = cell(zoo, "nemotron-h")["paths"]["reload_kernel_format"]
     assert grid(zoo)[group("nemotron-h")]["reload_kernel_format"] == "PASS", path["reasons"]
     assert path["sabotage"]["caught"] and path["sabotage"]["planted"] == "model.layers.0.norm.weight", path["sabotage"]
+
+
+@pytest.fixture(scope="module")
+def tied(run_oracle):
+    return run_oracle("zoo-tied", "-s", "zoo", *(a for label in TIED for a in ("--only", f"reload_weights[{label}-*")))
+
+
+def test_every_tied_family_is_judged_and_its_heads_kernel_copy_with_it(tied):
+    """vLLM ties ``lm_head`` to the embedding's parameter and the checkpoint has no head of its
+    own: B moves the embedding, and the census sees the head under both names. Its CPU kernel
+    copy (the packed weight or oneDNN handle its logits come from, built from the embedding at
+    load) is probed as ``lm_head.<kernel-output>`` and judged like any tensor: a stale copy is a
+    FAIL naming it (measured on vLLM 0.32 CPU, bf16, AMX: STALE after reload_weights; the
+    known issue in harness/spec/known_issues.py). Every verdict comes from evidence: never a
+    harness ERROR or INCONCLUSIVE."""
+    assert set(grid(tied)) == {group(label) for label in TIED}, tied.output
+    for label in TIED:
+        p = cell(tied, label)["paths"]["reload_weights"]
+        assert p["verdict"] in ("PASS", "FAIL", "XFAIL"), (label, p["reasons"])
+        rows = {
+            r["tensor"]: r["status"]
+            for r in csv.DictReader((tied.out / group(label) / "tensors.csv").open())
+            if r["path"] == "reload_weights" and r["check"] == "refit"
+        }
+        embed = next(v for t, v in rows.items() if t.endswith("embed_tokens.weight"))
+        assert rows.get("lm_head.weight", embed) == embed != "UNJUDGEABLE", (label, rows.get("lm_head.weight"))
+        head = rows.get("lm_head.<kernel-output>")
+        if head is not None:  # a head of its own (Gemma computes its logits with the embedding itself)
+            assert head in ("OK", "STALE", "CORRUPT"), (label, head)
+            assert head == "OK" or p["verdict"] in ("FAIL", "XFAIL"), (label, head, p["verdict"])
+        if p["verdict"] == "PASS":
+            assert all(v in ("OK", "UNJUDGEABLE", "REBOUND", "NOISY") for v in rows.values()), label

@@ -187,3 +187,105 @@ def test_cheap_tensor_stats_equal_their_definition(case):
     t = _stats_cases()[case]
     assert tensor_stats(t) == _stats_by_definition(t)
     assert nan_count(t) == _stats_by_definition(t)[0]
+
+
+# --- numbers derived from tensors: the census records them, the judge judges them ------------
+
+
+class _Kind(__import__("enum").Enum):
+    DECODER = "decoder"
+
+
+class AttentionLike(nn.Module):
+    """vLLM's attention layer keeps Python floats taken from its KV-scale tensors at load."""
+
+    def __init__(self, k: float, v: float):
+        super().__init__()
+        self.register_buffer("_k_scale", torch.tensor(k))
+        self._k_scale_float = k
+        self._v_scale_float = v
+        self._num_blocks_cached = 3  # a private int: derived state, recorded
+        self.num_heads = 4  # a public int: configuration, not recorded
+        self.use_fp8 = True  # a bool: a flag, never a number
+        self.sizes = [1.5, 2.5]  # numbers in a container: configuration, not recorded
+        self.impl = KernelObject(torch.ones(1))
+        self.impl.softmax_scale = 0.125  # on an object the layer holds: recorded
+        self.attn_type = _Kind.DECODER  # an enum member's own ints (_sort_order_) are no state
+
+
+def test_the_census_records_numeric_attributes_of_modules_and_their_objects():
+    from harness.worker.census import walk_numbers
+
+    model = nn.Sequential(AttentionLike(0.05, 0.04))
+    got = {e.name: e.value for e in walk_numbers(model)}
+    assert got == {
+        "0._k_scale_float": 0.05,
+        "0._v_scale_float": 0.04,
+        "0._num_blocks_cached": 3,
+        "0.impl.softmax_scale": 0.125,
+    }
+    # Tensors stay the tensor walk's: the numbers are records of their own kind.
+    assert "0._k_scale" in {e.name for e in walk_model(model)}
+
+
+def _number_records(k: float):
+    from harness.worker.census import observe_number, walk_numbers
+
+    return {r.name: r for r in map(observe_number, walk_numbers(nn.Sequential(AttentionLike(k, 0.04))))}
+
+
+def test_a_number_is_judged_like_a_tensor_stale_corrupt_and_nan():
+    from harness.judge.diff import TensorStatus, classify
+
+    cold_a, cold_b = _number_records(0.05)["0._k_scale_float"], _number_records(0.09)["0._k_scale_float"]
+    assert (cold_a.kind, cold_a.dtype, cold_a.shape, cold_a.value) == ("number", "float", (), 0.05)
+    assert classify(cold_b, cold_b, cold_a) is TensorStatus.OK
+    assert classify(cold_a, cold_b, cold_a) is TensorStatus.STALE  # the refit never reached it
+    assert classify(_number_records(0.07)["0._k_scale_float"], cold_b, cold_a) is TensorStatus.CORRUPT
+    # The same value to the last bit only: 0.09 and 0.09 + 1 ulp differ.
+    assert classify(_number_records(float.fromhex((0.09).hex()[:-1] + "1"))["0._k_scale_float"], cold_b) is (
+        TensorStatus.CORRUPT
+    )
+    nan = _number_records(float("nan"))["0._k_scale_float"]
+    assert nan.nan_count == 1 and nan.value is None
+    assert classify(nan, nan, cold_a) is TensorStatus.CORRUPT  # a NaN is a difference, even against a NaN
+    assert classify(cold_a, cold_a, cold_a) is TensorStatus.UNJUDGEABLE  # equal in A and B: could not be STALE
+
+
+def test_a_number_record_round_trips_through_the_store(tmp_path):
+    from harness import store
+    from harness.records import TensorRecord
+
+    record = _number_records(0.05)["0._num_blocks_cached"]
+    store.dump(record, tmp_path / "n.json", "tensor")
+    back = store.load(TensorRecord, tmp_path / "n.json", "tensor")
+    assert back == record and isinstance(back.value, int)
+
+
+class HeadMethod:
+    def apply(self, layer, x, bias=None):
+        return x @ layer.packed.t()  # a kernel copy of the weight, as vLLM's CPU head keeps one
+
+
+class TiedHead(nn.Module):
+    """vLLM's ParallelLMHead: no ``input_size_per_partition``, but ``embedding_dim`` and ``tie_weights``."""
+
+    def __init__(self, embedding: nn.Parameter):
+        super().__init__()
+        self.weight = embedding
+        self.embedding_dim = embedding.shape[1]
+        self.params_dtype = torch.float32
+        self.quant_method = HeadMethod()
+        self.packed = embedding.detach().clone()
+
+    def tie_weights(self, embed):
+        return self
+
+
+def test_a_tied_heads_kernel_copy_is_probed():
+    embed = nn.Parameter(torch.randn(6, 4))
+    model = nn.Sequential(TiedHead(embed))
+    (probe,) = probe_linear_kernels(model)
+    assert probe.name == "0.<kernel-output>" and probe.tensor.shape == (3, 6)
+    model[0].packed.mul_(2.0)  # a stale or fresh copy: the probe's output follows the kernel's copy
+    assert tensor_digest(probe_linear_kernels(model)[0].tensor) != tensor_digest(probe.tensor)

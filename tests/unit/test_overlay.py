@@ -117,3 +117,42 @@ def test_a_full_build_is_still_a_venv_of_its_own(tmp_path):
     facts = describe(BuildSpec("full", str(python)), cache=tmp_path / "cache")
     assert facts["vllm"] == "9.9.0" and "torch" not in facts  # nothing of this venv's
     assert subprocess.run([str(python), "-c", f"import os; assert '{OVERLAY_ENV}' not in os.environ"]).returncode == 0
+
+
+def test_a_patched_build_over_an_overlay_imports_the_patched_vllm_and_records_both(tmp_path):
+    """``build NAME --vllm SPEC --patch X`` patches the overlay's vLLM: the patched site comes
+    first, then the overlay's (exec'ing the overlay's launcher would put its site first again)."""
+    from harness.builds.patches import read_patch
+    from harness.builds.venvs import create_patched_build
+    from harness.settings import PATCHES_ENV
+
+    cache = tmp_path / "cache"
+    launcher = overlay.create_overlay_build(str(fake_vllm_wheel(tmp_path)), cache=cache, log=lambda line: None)
+    assert overlay.overlay_parts(launcher) == (
+        Path(sys.executable).absolute(),
+        launcher.parents[1] / overlay.SITE,
+        json.loads((launcher.parents[1] / overlay.STAMP).read_text())["overlay"],
+    )
+    assert overlay.overlay_parts(sys.executable) is None
+    diff = tmp_path / "planted.diff"
+    diff.write_text(
+        "--- a/vllm/__init__.py\n+++ b/vllm/__init__.py\n@@ -1 +1,2 @@\n __version__ = '9.9.0'\n+PLANTED = True\n"
+    )
+    python = create_patched_build(launcher, (read_patch(diff),), cache=cache, log=lambda line: None)
+    out = subprocess.run(
+        [
+            str(python),
+            "-c",
+            f"import os, vllm; print(vllm.PLANTED, vllm.__file__); print(os.environ['{OVERLAY_ENV}']);"
+            f" print(os.environ['{PATCHES_ENV}'])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    first, marker, patches = out.stdout.splitlines()
+    assert first == f"True {python.parents[1] / 'site' / 'vllm' / '__init__.py'}"
+    assert marker == overlay.overlay_parts(launcher)[2] and patches.endswith("planted.diff@" + read_patch(diff).sha256)
+    facts = describe(BuildSpec("patched", str(python)), cache=cache)
+    assert facts["vllm"] == "9.9.0" and facts["vllm_git_sha"] == "abc123"  # the overlay's vLLM, patched

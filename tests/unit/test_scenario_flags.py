@@ -59,6 +59,8 @@ def test_a_path_the_scenario_does_not_run_is_refused_by_name():
         (("--control-tensor", "x.weight"), lambda s: s.control.tensor == "x.weight"),
         (("--engine-core-process",), lambda s: s.engine.engine_core_process),
         (("--digest", "blake3"), lambda s: s.digest == "blake3"),
+        (("--lora", "/la"), lambda s: s.lora == "/la"),
+        (("--lora-target", "/lb"), lambda s: s.lora_target == "/lb"),
     ],
 )
 def test_each_run_flag_reaches_every_cell(flags, check):
@@ -74,7 +76,7 @@ def test_sabotage_is_turned_on_where_a_scenario_has_it_off():
     assert not specs(scenario=off)[0].sabotage and specs("--sabotage", scenario=off)[0].sabotage
 
 
-@pytest.mark.parametrize("flag", ["--target", "--control-tensor"])
+@pytest.mark.parametrize("flag", ["--target", "--control-tensor", "--lora", "--lora-target"])
 def test_a_per_model_flag_is_refused_for_a_scenario_of_several_models(flag):
     with pytest.raises(UsageError, match=f"{flag}: scenario 'two' has 2 models"):
         specs(flag, "x", scenario=TWO_MODELS)

@@ -282,3 +282,6 @@ def test_a_measured_hang_is_a_declared_known_issue_that_is_not_started(tmp_path)
     assert not not_started("LlamaForCausalLM")
     assert not not_started("Mamba2ForCausalLM", version="0.33.0")  # scoped to the version measured
     assert list(not_started("NemotronHForCausalLM", enable_prefix_caching=True)) == ["prefix_cache", "reload_weights"]
+    # The same setting as an engine argument (--engine-arg enable_prefix_caching=true) is the same engine.
+    on = (("enable_prefix_caching", "true"),)
+    assert list(not_started("Mamba2ForCausalLM", engine_args=on)) == ["prefix_cache", "reload_weights"]

@@ -1,0 +1,67 @@
+"""The trainer paths' targets: the live trainer's weights after each optimizer step, saved
+once with ``save_pretrained`` and cached, so every per-step cold start reads them.
+
+The training itself runs on the engine side (``python -m harness.arm.trainer``, torch and
+transformers), in a process of its own: the parent only starts it and names its output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.checkpoints.read import fingerprint
+from harness.errors import CheckpointError
+from harness.settings import DEFAULT_CACHE
+from harness.spec.run import TrainerSpec
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def trainer_steps(
+    model: str, spec: TrainerSpec, prompts: tuple[tuple[int, ...], ...], steps: int, cache: Path = DEFAULT_CACHE
+) -> tuple[str, ...]:
+    """Directories ``T1``..``T<steps>``: checkpoint A trained ``k`` steps, cached by everything
+    a step depends on (A's bytes, the trainer's recipe, the prompts, torch and transformers)."""
+    recipe = {
+        "a": fingerprint(model),
+        "spec": asdict(spec),
+        "prompts": [list(p) for p in prompts],
+        "steps": steps,
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+    }
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    dest = cache / "derived" / f"trainer-{key}"
+    dirs = tuple(str(dest / f"T{k}") for k in range(1, steps + 1))
+    if (dest / "trainer.json").is_file() and all((Path(d) / "config.json").is_file() for d in dirs):
+        return dirs
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.arm.trainer",
+        model,
+        str(dest),
+        "--steps",
+        str(steps),
+        "--spec",
+        json.dumps(asdict(spec)),
+        "--prompts",
+        json.dumps([list(p) for p in prompts]),
+    ]
+    (dest / "trainer.json").unlink(missing_ok=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise CheckpointError(f"the trainer could not train {model} ({steps} steps): {tail[0][:300]}")
+    return dirs

@@ -1,0 +1,129 @@
+"""The engine configurations the scenarios ship: the zoo's tied-embedding and fp8-KV families,
+and the gpu-nightly HPC QK-norm cell, checked on the CPU as far as a CPU can (engine-free)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.spec.engine_config import EngineConfig, check_engine_args, encode
+from harness.spec.scenario import ModelRef, ScenarioSpec, expand
+
+
+def test_the_hpc_cell_is_a_hunyuan_on_hpc_attn_whose_arguments_this_vllm_takes():
+    from harness.builds.engine_fields import engine_fields
+    from scenarios.gpu_nightly import HPC_ATTN, gpu_nightly
+
+    groups = {g.id: g for g in expand(gpu_nightly())}
+    hpc = [g for g in groups.values() if "-hpc-" in g.id]
+    assert hpc and all(g.model.label == "hunyuan-v3" for g in hpc)
+    assert all(g.spec.engine.vllm_kwargs() == {"attention_backend": "HPC_ATTN"} for g in hpc)
+    assert all(g.spec.requires_device == ("sm90",) and g.spec.expected_census == HPC_ATTN.expect_census for g in hpc)
+    # The nightly model keeps vLLM's default engine; the HunYuan runs only the HPC configuration.
+    assert all(g.spec.engine.engine_args == () for g in groups.values() if g.model.label != "hunyuan-v3")
+    check_engine_args(HPC_ATTN.args, engine_fields())  # valid EngineArgs of the installed vLLM
+
+
+def test_the_hpc_expected_census_names_both_forms_of_the_qk_norm_weights():
+    import re
+
+    from scenarios.gpu_nightly import HPC_QK_NORM, IHC_ALIASES
+
+    before_fix = "model.layers.0.self_attn.hpc_rope_norm.qnorm_weight"  # the float32 mirror (vLLM < #56706)
+    after_fix = "model.layers.0.self_attn.q_norm.weight"  # read directly since
+    for name in (before_fix, after_fix, before_fix.replace("qnorm", "knorm"), after_fix.replace("q_norm", "k_norm")):
+        assert any(re.search(p, name) for p in HPC_QK_NORM), name
+    assert re.search(HPC_QK_NORM[2], "model.layers.1.self_attn.hpc_rope_norm.cos_sin_cache")
+    assert not any(re.search(p, "model.layers.0.self_attn.q_proj.weight") for p in HPC_QK_NORM)
+    assert re.search(IHC_ALIASES[0], "model.layers.3.hc_attn_layer.hc_pre.hc_fn.weight")
+    assert re.search(IHC_ALIASES[3], "model.hc_head.hc_head_scale")
+
+
+def test_a_cell_whose_expected_state_the_census_never_saw_is_not_a_pass():
+    from harness.judge.verdict import Verdict, VerdictStatus, with_expected_census
+
+    ok = Verdict("reload_weights", VerdictStatus.PASS, ())
+    fell_back = {"model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight"}
+    patterns = (r"\.q_norm\.weight$", r"\.hpc_rope_norm\.cos_sin_cache$")
+    got = with_expected_census(ok, patterns, fell_back)
+    assert got.status is VerdictStatus.INCONCLUSIVE
+    assert got.reasons[0].startswith(r"expected in the census but never observed: \.hpc_rope_norm\.cos_sin_cache$")
+    assert (
+        with_expected_census(ok, patterns, fell_back | {"model.layers.0.self_attn.hpc_rope_norm.cos_sin_cache"}) == ok
+    )
+    failed = Verdict("reload_weights", VerdictStatus.FAIL, ("x STALE",))
+    assert with_expected_census(failed, patterns, fell_back).status is VerdictStatus.FAIL  # named, not hidden
+    skipped = Verdict("reload_weights", VerdictStatus.SKIPPED, ("needs sm90",))
+    assert with_expected_census(skipped, patterns, set()) == skipped
+
+
+def test_a_configuration_for_another_device_is_skipped_with_its_reason(monkeypatch):
+    from harness import device
+
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    assert device.unmet(("sm90",)) == "needs sm90; this machine offers cpu"
+    assert device.unmet(()) is None and device.unmet(("cpu", "sm90")) is None
+    monkeypatch.setattr(device, "device_tags", lambda: frozenset({"cuda", "sm100"}))
+    assert device.unmet(("sm90",)) == "needs sm90; this machine offers cuda, sm100"
+
+
+def test_a_models_own_engine_arguments_go_under_the_configurations():
+    s = ScenarioSpec(
+        name="s",
+        description="",
+        models=(ModelRef("kv", path="/kv", engine_args=encode({"kv_cache_dtype": "fp8", "max_num_seqs": 2})),),
+        paths=("reload_weights",),
+        engine_configs=(EngineConfig(), EngineConfig("e5m2", encode({"kv_cache_dtype": "fp8_e5m2"}))),
+    )
+    got = {g.id: g.spec.engine.vllm_kwargs() for g in expand(s)}
+    assert got == {
+        "kv-eager-tp1": {"kv_cache_dtype": "fp8", "max_num_seqs": 2},
+        "kv-e5m2-eager-tp1": {"kv_cache_dtype": "fp8_e5m2", "max_num_seqs": 2},
+    }
+
+
+def test_the_zoo_runs_tied_variants_of_the_dense_families_and_the_fp8_kv_family():
+    from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES
+    from scenarios.zoo import zoo
+
+    dense = [f.label for f in FAMILIES if f.dense]
+    assert dense == ["llama", "qwen3", "qwen2", "phi3", "gemma3"]
+    assert [f.label for f in TIED_FAMILIES] == [f"{d}-tied" for d in dense]
+    assert all(dict(f.config)["tie_word_embeddings"] is True for f in TIED_FAMILIES)
+    models = {m.label: m for m in zoo().models}
+    assert set(models) >= {f.label for f in TIED_FAMILIES + KV_FAMILIES}
+    assert json.loads(dict(models["qwen3-fp8kv"].engine_args)["kv_cache_dtype"]) == "fp8"
+    assert all(models[f.label].engine_args == () for f in FAMILIES + TIED_FAMILIES)
+
+
+@pytest.mark.parametrize("label", ["qwen3-tied", "gemma3-tied"])
+def test_a_tied_checkpoint_has_no_lm_head_on_disk_and_its_b_moves_the_embedding(tmp_path, label):
+    from harness.checkpoints.derived import perturbed
+    from harness.checkpoints.read import read_headers
+    from harness.checkpoints.zoo import tiny_model
+    from harness.spec.run import PerturbSpec
+
+    a = tiny_model(label, cache=tmp_path)
+    assert json.loads((a / "config.json").read_text())["tie_word_embeddings"] is True
+    headers = read_headers(a)
+    assert "lm_head.weight" not in headers and "model.embed_tokens.weight" in headers
+    b = perturbed(a, PerturbSpec(), cache=tmp_path)
+    assert set(read_headers(b)) == set(headers)  # B does not invent a head the checkpoint does not have
+
+
+def test_the_fp8_kv_checkpoint_carries_kv_scales_that_b_moves_and_keeps_positive(tmp_path):
+    from safetensors.torch import load_file
+
+    from harness.checkpoints.derived import perturbed
+    from harness.checkpoints.zoo import tiny_model
+    from harness.spec.run import PerturbSpec
+
+    a = tiny_model("qwen3-fp8kv", cache=tmp_path)
+    config = json.loads((a / "config.json").read_text())["quantization_config"]
+    assert config["kv_cache_scheme"]["num_bits"] == 8 and config["config_groups"] == {}
+    ta = load_file(a / "model.safetensors")
+    tb = load_file(perturbed(a, PerturbSpec(), cache=tmp_path) / "model.safetensors")
+    scales = [n for n in ta if n.endswith(("k_scale", "v_scale"))]
+    assert len(scales) == 4 and all(ta[n].shape == () and str(ta[n].dtype) == "torch.float32" for n in scales)
+    assert all(float(tb[n]) != float(ta[n]) and float(tb[n]) > 0 for n in scales)

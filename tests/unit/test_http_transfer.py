@@ -1,0 +1,121 @@
+"""http_weight_transfer without an engine: what the in-flight record holds, how the judge
+reads it, and how the path asks for its server."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness.arm.in_flight import InFlight
+from harness.judge.diff import compare_path
+from harness.judge.verdict import VerdictStatus, in_flight_reasons, judge
+from harness.records import InFlightRequest
+from harness.spec.run import JudgePolicy
+from tests.records import EXPECTED, B, arm, obs, subject
+
+OK = InFlightRequest(
+    prompt=0,
+    tokens_before_pause=(5, 6),
+    tokens_while_paused=0,
+    tokens_after_resume=(7, 8, 9),
+    finish_reason="length",
+    error=None,
+    fresh_divergence=None,
+    fresh_max_logprob_diff=0.0,
+)
+
+
+def _verdict(in_flight):
+    subj = subject()
+    observations = tuple(
+        replace(o, in_flight=in_flight) if o.label.stage == "warm_B" and o.label.path == "p" else o
+        for o in subj.observations
+    )
+    c = compare_path(
+        "p",
+        replace(subj, observations=observations),
+        arm("reference", "reference", obs("cold_B", B)),
+        arm("noise", "noise", obs("cold_B", B)),
+        "q_proj.weight",
+        1e-4,
+        EXPECTED,
+    )
+    assert c.in_flight == in_flight
+    return judge(c, JudgePolicy(), False)
+
+
+def test_requests_that_run_through_the_paused_refit_pass_and_say_they_match_b():
+    v = _verdict((OK, replace(OK, prompt=1)))
+    assert v.status is VerdictStatus.PASS, v.reasons
+    assert any("2 generating across the paused refit" in r and "all 2 match B" in r for r in v.reasons)
+
+
+def test_an_in_flight_request_that_errors_or_is_cut_short_fails_the_path():
+    broken = replace(OK, error="RemoteDisconnected: stream closed", finish_reason=None)
+    assert _verdict((OK, broken)).status is VerdictStatus.FAIL
+    aborted = replace(OK, finish_reason="abort")
+    v = _verdict((aborted,))
+    assert v.status is VerdictStatus.FAIL and any("'abort', not 'length'" in r for r in v.reasons)
+
+
+def test_tokens_streamed_while_paused_fail_keep_mode():
+    failing, _ = in_flight_reasons((replace(OK, tokens_while_paused=3),))
+    assert failing == ["in-flight request 0 streamed 3 token(s) while the engine was paused"]
+
+
+def test_resumed_tokens_that_differ_from_b_are_shown_not_failed():
+    failing, notes = in_flight_reasons((replace(OK, fresh_divergence=4, fresh_max_logprob_diff=0.02),))
+    assert failing == [] and "1 diverge from B on the same prefix" in notes[0] and "at token 4" in notes[0]
+    assert in_flight_reasons(()) == ([], [])
+
+
+class _Conn:
+    """Stands in for one streaming HTTP connection; never used: the streams are filled by hand."""
+
+
+def test_in_flight_splits_each_stream_at_the_pause_and_the_resume():
+    flight = InFlight(_Conn, "m", ((1, 2), (3,)), max_tokens=5)
+    a, b = flight.streams
+    a.chunks = [(1.0, (10,), (-0.1,)), (2.0, (11,), (-0.2,)), (5.0, (12, 13), (-0.3, -0.4))]
+    b.chunks = [(1.5, (20,), (-0.5,)), (3.5, (21,), (-0.6,)), (6.0, (22,), (-0.7,))]
+    for s in flight.streams:
+        s.finish_reason = "length"
+        s.done.set()
+    flight.paused_at, flight.resumed_at = 2.5, 4.0
+    asked = []
+
+    def fresh(ids, n):  # the refit server, asked for the same prefix from scratch
+        asked.append((ids, n))
+        return ((12, 99), (-0.3, -0.41)) if ids[0] == 1 else ((22,), (-0.7,))
+
+    first, second = flight.records(fresh)
+    assert asked == [((1, 2, 10, 11), 2), ((3, 20), 1)]
+    assert first.tokens_before_pause == (10, 11) and first.tokens_after_resume == (12, 13)
+    assert first.tokens_while_paused == 0 and first.fresh_divergence == 1
+    assert abs(first.fresh_max_logprob_diff - 0.01) < 1e-9
+    # A token that arrived between the pause answering and the resume: keep mode broke.
+    assert second.tokens_while_paused == 1 and second.fresh_divergence is None and second.fresh_max_logprob_diff == 0.0
+
+
+def test_the_path_is_registered_and_asks_for_a_served_engine_with_the_cpu_transfer_backend(monkeypatch):
+    from harness.paths import PATHS
+    from harness.paths.http_transfer import transfer_backend
+
+    cls = PATHS.get("http_weight_transfer")
+    assert cls.requirements.kind == "http" and cls.requirements.weight_transfer_backend == transfer_backend()
+    assert cls.sabotage_evidence == "tensor" and "left out" in cls.sabotage
+    monkeypatch.setenv("HARNESS_DEVICE", "gpu")
+    assert transfer_backend() == "nccl"
+    monkeypatch.setenv("HARNESS_DEVICE", "cpu")
+    monkeypatch.setenv("PATH", "")
+    assert transfer_backend() == "gloo"
+
+
+def test_the_weight_sync_client_reaches_the_private_socket_through_requests_unixsocket():
+    import requests_unixsocket
+
+    from harness.arm.engines import HTTPEngine
+
+    engine = HTTPEngine.__new__(HTTPEngine)  # the URL is a pure function of the socket path
+    engine.socket_path = "/tmp/rh-serve-x/server0.sock"
+    assert engine.unix_url == "http+unix://%2Ftmp%2Frh-serve-x%2Fserver0.sock"
+    assert requests_unixsocket.DEFAULT_SCHEME == "http+unix://"

@@ -1,0 +1,125 @@
+"""Third-party reload paths: the contract is checked as a path registers, and a path without a
+sabotaged twin is refused in one line (built-in paths are held to the same contract)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness.paths import PATHS, PathRefused, PathRegistry, contract_violation
+from harness.paths.base import ReloadPath
+
+
+class _Twinless(ReloadPath):
+    name = "twinless"
+    exercises = "reload_weights, with nothing to show that this path could fail"
+
+    def refit(self, engine, checkpoint_dir, target):
+        engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
+
+
+class _WithTwin(_Twinless):
+    name = "with_twin"
+    sabotage = "reload_weights from checkpoint A, the weights the engine already holds"
+
+    def sabotaged_refit(self, engine, target):
+        engine.rpc("reload_weights", {"weights_path": self.checkpoints.a})
+
+
+def test_every_built_in_path_keeps_the_contract():
+    for name in PATHS.names():
+        assert contract_violation(name, PATHS.get(name)) is None, name
+
+
+def test_a_path_without_a_sabotaged_twin_is_refused_in_one_line():
+    registry = PathRegistry()
+    with pytest.raises(PathRefused) as refused:
+        registry.register_class("twinless", _Twinless)
+    message = str(refused.value)
+    assert "\n" not in message and "no sabotaged twin" in message and "'twinless'" in message
+    assert "twinless" not in registry
+
+
+def test_a_path_with_its_twin_registers_and_is_looked_up_by_name():
+    registry = PathRegistry()
+    registry.register_class("with_twin", _WithTwin)
+    assert registry.get("with_twin") is _WithTwin and "with_twin" in registry.names()
+
+
+@pytest.mark.parametrize(
+    "name, cls, why",
+    [
+        ("other", _WithTwin, "registered as 'other'"),
+        ("x", object, "not a subclass"),
+        ("with_twin", type("NoWords", (_WithTwin,), {"exercises": " "}), "exercises"),
+        ("with_twin", type("BadEvidence", (_WithTwin,), {"sabotage_evidence": "vibes"}), "sabotage_evidence"),
+    ],
+)
+def test_each_broken_rule_is_named(name, cls, why):
+    assert why in (contract_violation(name, cls) or "")
+
+
+def test_an_installed_package_without_a_twin_is_refused_and_listed(tmp_path):
+    """A real distribution on sys.path with a ``refit_harness.paths`` entry point (no pip, no venv
+    change): the harness lists the twinless path as refused, and running it is exit 2 in one line."""
+    pkg = tmp_path / "twinless_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            from harness.paths.base import ReloadPath
+
+            class Twinless(ReloadPath):
+                name = "twinless_ep"
+                exercises = "reload_weights, no twin"
+
+                def refit(self, engine, checkpoint_dir, target):
+                    engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
+            """
+        )
+    )
+    info = tmp_path / "twinless_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: twinless-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[refit_harness.paths]\ntwinless_ep = twinless_pkg:Twinless\n")
+    env_path = f"{tmp_path}"
+    listing = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "paths"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_env(), "PYTHONPATH": env_path},
+    )
+    assert listing.returncode == 0, listing.stderr
+    refused = [line for line in listing.stdout.splitlines() if "twinless_ep" in line]
+    assert refused and "refused" in refused[0] and "no sabotaged twin" in refused[0], listing.stdout
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--paths",
+            "twinless_ep",
+            "--model",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "PYTHONPATH": env_path},
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no sabotaged twin" in lines[0], run.stderr
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -1,0 +1,193 @@
+"""Patched builds and the regression corpus, without an engine: patches apply strictly (a hunk that
+does not is exit 2 naming the file and the hunk), every corpus entry is valid and its patch applies
+to the installed vLLM, and an entry is judged from records (caught only on the evidence it names)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.builds.patches import PatchError, PatchFile, apply_patches, patches_digest, read_patch, touched_files
+from harness.settings import CORPUS_DIR
+from harness.spec.regressions import Entry, load_corpus
+
+VLLM = Path(importlib.util.find_spec("vllm").origin).parent
+REPO = Path(__file__).resolve().parents[2]
+
+DIFF = """--- a/vllm/x.py
++++ b/vllm/x.py
+@@ -2,3 +2,3 @@
+ two
+-three
++THREE
+ four
+@@ -6,2 +6,3 @@
+ six
++six and a half
+ seven
+"""
+
+
+def _tree(tmp_path: Path, text: str = "one\ntwo\nthree\nfour\nfive\nsix\nseven\n") -> Path:
+    (tmp_path / "vllm").mkdir(parents=True)
+    (tmp_path / "vllm" / "x.py").write_text(text)
+    return tmp_path
+
+
+def test_a_patch_applies_hunk_by_hunk_and_tolerates_an_offset(tmp_path):
+    root = _tree(tmp_path, "zero\none\ntwo\nthree\nfour\nfive\nsix\nseven\n")  # every line one further down
+    assert apply_patches(root, (PatchFile("p.diff", "0", DIFF),)) == ("vllm/x.py",)
+    assert (root / "vllm" / "x.py").read_text() == "zero\none\ntwo\nTHREE\nfour\nfive\nsix\nsix and a half\nseven\n"
+
+
+def test_a_hunk_that_does_not_apply_names_the_file_and_the_hunk_and_writes_nothing(tmp_path):
+    root = _tree(tmp_path, "one\ntwo\nthree\nfour\nfive\nsix\nSEVEN\n")
+    with pytest.raises(PatchError, match=r"p\.diff: vllm/x\.py: hunk #2 \(@@ -6,2 \+6,3 @@\) does not apply"):
+        apply_patches(root, (PatchFile("p.diff", "0", DIFF),))
+    assert (root / "vllm" / "x.py").read_text() == "one\ntwo\nthree\nfour\nfive\nsix\nSEVEN\n"  # hunk 1 not written
+    assert PatchError("x").exit_code == 2
+
+
+def test_a_patch_writes_a_copy_never_the_file_a_symlink_points_to(tmp_path):
+    original = _tree(tmp_path / "base")
+    overlay = tmp_path / "overlay" / "vllm"
+    overlay.mkdir(parents=True)
+    (overlay / "x.py").symlink_to(original / "vllm" / "x.py")
+    apply_patches(tmp_path / "overlay", (PatchFile("p.diff", "0", DIFF),), resolve=os.path.realpath)
+    assert not (overlay / "x.py").is_symlink() and "THREE" in (overlay / "x.py").read_text()
+    assert "THREE" not in (original / "vllm" / "x.py").read_text()
+
+
+def test_bad_patches_are_one_line_errors(tmp_path):
+    root = _tree(tmp_path)
+    with pytest.raises(PatchError, match="cannot read"):
+        read_patch(tmp_path / "missing.diff")
+    with pytest.raises(PatchError, match="no file in this diff"):
+        apply_patches(root, (PatchFile("e.diff", "0", "not a diff\n"),))
+    outside = DIFF.replace("a/vllm/x.py", "a/torch/x.py").replace("b/vllm/x.py", "b/torch/x.py")
+    with pytest.raises(PatchError, match="under vllm/ only"):
+        apply_patches(root, (PatchFile("o.diff", "0", outside),))
+    gone = DIFF.replace("x.py", "y.py")
+    with pytest.raises(PatchError, match="no such file in the installed package"):
+        apply_patches(root, (PatchFile("g.diff", "0", gone),))
+
+
+def test_patches_digest_depends_on_content_and_order():
+    a, b = PatchFile("a", "1" * 64, ""), PatchFile("b", "2" * 64, "")
+    assert patches_digest((a, b)) != patches_digest((b, a)) and patches_digest((a,)) == patches_digest((a,))
+
+
+def test_build_cli_refuses_a_patch_that_does_not_apply_in_one_line(tmp_path):
+    bad = tmp_path / "bad.diff"
+    bad.write_text(DIFF.replace("vllm/x.py", "vllm/model_executor/model_loader/reload/meta.py"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "build", "p", "--base-env", sys.executable, "--patch", str(bad)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, REFIT_HARNESS_CACHE=str(tmp_path / "cache")),
+        timeout=600,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert line.count("\n") == 0 and "bad.diff" in line and "meta.py: hunk #1" in line, line
+    assert not list((tmp_path / "cache" / "builds").glob("patched-*/bin/python"))  # nothing left behind
+
+
+def test_every_corpus_entry_is_valid_and_its_patches_apply_to_the_installed_vllm(tmp_path):
+    entries = load_corpus(CORPUS_DIR)
+    assert len(entries) >= 8
+    for e in entries:
+        patches = tuple(read_patch(p) for p in e.patch_files())
+        for p in patches:
+            for rel in touched_files(p):  # an overlay of just the touched files, as a patched build makes
+                target = tmp_path / e.id / rel
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.symlink_to(VLLM.parent / rel)
+        if patches:
+            written = apply_patches(tmp_path / e.id, patches, resolve=os.path.realpath)
+            for rel in written:  # the patch changed something, and only in the copy
+                assert (tmp_path / e.id / rel).read_text() != (VLLM.parent / rel).read_text(), (e.id, rel)
+
+
+def test_a_corpus_entry_is_validated_with_one_line_errors(tmp_path):
+    from harness.errors import UsageError
+    from harness.spec.regressions import load_entry
+
+    d = tmp_path / "12345-example-bug"
+    d.mkdir()
+    (d / "patch.diff").write_text(DIFF)
+    base = (
+        'id = "12345-example-bug"\ntitle = "t"\nmechanism = "m"\n[upstream]\nfix = "u"\n'
+        '[exposure]\nmodel = "zoo:llama"\npaths = ["reload_weights"]\n'
+    )
+    (d / "entry.toml").write_text(base + '[expect]\ncaught = true\npatched = "FAIL"\nevidence = ["tensor"]\n')
+    assert load_entry(d).exposure.model == "zoo:llama"
+    for bad, words in (
+        ('[expect]\ncaught = true\npatched = "PASS"\nevidence = ["tensor"]\n', "FAILs on the patched build"),
+        ('[expect]\ncaught = false\npatched = "PASS"\n', "says why"),
+        ('[expect]\ncaught = true\npatched = "FAIL"\nevidence = ["vibes"]\n', "evidence"),
+    ):
+        (d / "entry.toml").write_text(base + bad)
+        with pytest.raises(UsageError, match=words):
+            load_entry(d)
+
+
+def test_the_committed_recall_page_is_its_record_rendered():
+    """docs/recall.md is generated (``refit-harness recall-page``) from docs/recall.json, the record
+    of the run it names: a page edited by hand, or a record replaced without the page, fails here."""
+    from harness.report.recall import load_record, page
+
+    record = load_record(REPO / "docs" / "recall.json")
+    assert (REPO / "docs" / "recall.md").read_text() == page(record)
+    assert record["recall"]["total"] == len(record["entries"]) >= 8
+    assert record["recall"]["caught"] == sum(e["caught"] for e in record["entries"])
+    ids = {e.id for e in load_corpus(CORPUS_DIR)}
+    assert {e["id"] for e in record["entries"]} == ids, "the page's run does not cover the corpus as it is now"
+
+
+def test_an_entry_is_caught_only_on_the_evidence_it_names():
+    from types import SimpleNamespace as NS
+
+    from harness.judge.diff import PathComparison, TensorDiff, TensorStatus, TokenDiff
+    from harness.judge.verdict import Verdict, VerdictStatus
+    from harness.orchestrate.regressions import judge_entry
+    from harness.spec.run import JudgePolicy
+
+    entry = Entry(
+        id="44814-x",
+        title="t",
+        mechanism="m",
+        upstream={"fix": "u"},
+        exposure={"model": "zoo:mamba2", "paths": ["reload_weights"]},
+        expect={"caught": True, "patched": "FAIL", "evidence": ["tensor"], "tensor": r"mixer\.dt_bias"},
+    )
+
+    def ev(status, tensors=(), tokens=()):
+        comp = PathComparison("reload_weights", tuple(tensors), tuple(tokens), None, (), ())
+        return NS(
+            verdicts=(Verdict("reload_weights", status, ()),),
+            comparisons=(comp,),
+            record=NS(spec=NS(judge=JudgePolicy())),
+        )
+
+    def diff(name, status):
+        return TensorDiff("refit", name, "param", status, "a", "b", "c", False)
+
+    stock = ev(VerdictStatus.PASS)
+    hit = judge_entry(entry, ev(VerdictStatus.FAIL, [diff("m.layers.0.mixer.dt_bias", TensorStatus.CORRUPT)]), stock)
+    assert hit["caught"] and not hit["unmet"] and hit["evidence"] == ("tensor",)
+    other = judge_entry(entry, ev(VerdictStatus.FAIL, [diff("m.layers.0.mixer.D", TensorStatus.CORRUPT)]), stock)
+    assert not other["caught"] and any("expected caught" in u for u in other["unmet"])
+    tokens_only = ev(VerdictStatus.FAIL, tokens=[TokenDiff("refit", 0, 1, 2.0, (1, 2), (1, 3))])
+    assert judge_entry(entry, tokens_only, stock)["evidence"] == ("tokens",)
+    assert not judge_entry(entry, tokens_only, stock)["caught"]
+    bad_stock = judge_entry(
+        entry, ev(VerdictStatus.FAIL, [diff("mixer.dt_bias", TensorStatus.STALE)]), ev(VerdictStatus.FAIL)
+    )
+    assert bad_stock["caught"] and bad_stock["unmet"] == ("stock reload_weights: FAIL, expected PASS",)
