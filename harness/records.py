@@ -298,6 +298,50 @@ class Completions:
 
 
 @dataclass(frozen=True)
+class CpuCapabilities:
+    """The CPU as vLLM's CPU dispatch sees it (``harness.cpu_isa``): what decides which kernels
+    an engine gets, and so what a refit can leave stale."""
+
+    arch: str
+    """``platform.machine()``: ``x86_64``, ``aarch64``..."""
+    vendor: str
+    """``GenuineIntel``, ``AuthenticAMD``...; empty where unknown."""
+    flags: tuple[str, ...]
+    """The dispatch capabilities present as vLLM sees them, after any override (torch's names:
+    ``avx2``, ``avx512_f``, ``avx512_bf16``, ``amx_tile``, ``amx_bf16``...), sorted."""
+    level: str
+    """One word for ``flags``: ``amx``, ``avx512_bf16``, ``avx512``, ``avx2``, ``arm_bf16``, ``arm``."""
+    host_flags: tuple[str, ...]
+    """The same capabilities of the CPU itself, before the override."""
+    override: str = "native"
+    """``native``, or the level forced with ``--cpu-isa`` / ``REFIT_HARNESS_CPU_ISA``."""
+    is_zen_cpu: bool = False
+    """vLLM's ``current_platform.is_zen_cpu()`` (an AMD CPU with AVX-512 and zentorch: zentorch
+    linears instead of oneDNN); in a parent-side record, the same test made from /proc/cpuinfo."""
+    kernel_library: str = ""
+    """The vLLM CPU extension loaded in the worker (``_C`` for AVX512-BF16, ``_C_AVX512``,
+    ``_C_AVX2``); empty where not read (the parent)."""
+    onednn_max_cpu_isa: str = ""
+    """``ONEDNN_MAX_CPU_ISA`` the engine ran with (an override sets it); empty: the CPU's own."""
+    source: str = ""
+    """Who read it: ``torch (worker)``, ``torch (arm)`` or ``/proc/cpuinfo`` (the parent)."""
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """Which CPU kernel one layer got at load time (read in the worker after the cold start)."""
+
+    module: str
+    """Module name, e.g. ``model.layers.0.self_attn.qkv_proj``."""
+    kind: Literal["linear", "conv1d", "moe", "attention"]
+    """What the layer computes."""
+    path: str
+    """The branch taken: ``sgl weight_packed_linear``, ``oneDNN onednn_mm``, ``zentorch``,
+    ``torch linear``; ``prepacked``/``not prepacked`` (causal conv1d); the fused-experts class and
+    its ``isa`` (MoE); the attention implementation and its ``isa``."""
+
+
+@dataclass(frozen=True)
 class ArmResult:
     """One engine lifetime: its observations, or the error that ended it."""
 
@@ -337,6 +381,12 @@ class ArmResult:
     size its backend does not support): its exception, when the cold start or the first
     observation (before any refit) failed with one. The paths of such an arm are SKIPPED
     with this reason, not ERROR."""
+
+    cpu: CpuCapabilities | None = None
+    """The CPU as vLLM saw it in this arm (its worker after the cold start; the arm process
+    where the engine never started); None in records from older harnesses."""
+    kernel_paths: tuple[KernelPath, ...] = field(default=())
+    """The kernel each linear, conv1d, MoE and attention layer got at the cold start (rank 0)."""
 
     def observation(self, label: ObservationLabel) -> Observation | None:
         return next((o for o in self.observations if o.label == label), None)

@@ -37,6 +37,9 @@ NIGHTLY_MODEL_ENV = "REFIT_HARNESS_NIGHTLY_MODEL"
 """The checkpoint (directory or hub id) of the ``gpu-nightly`` scenario."""
 SCREENSHOTS_ENV = "REFIT_HARNESS_SCREENSHOTS"
 """Where the browser test saves its screenshots (CI artifacts)."""
+CPU_ISA_ENV = "REFIT_HARNESS_CPU_ISA"
+"""The CPU capability level vLLM is made to see (``native``, ``avx512_bf16``, ``avx512``, ``avx2``):
+the default of ``--cpu-isa``; the arm sets it for every vLLM process it starts (``harness.cpu_isa``)."""
 
 DEFAULT_ARM_TIMEOUT_S = 900.0
 """An arm running longer than this is killed and marked ERROR."""

@@ -241,13 +241,15 @@ class RayEngine(EngineBase):
         from vllm import LLM
 
         if not ray.is_initialized():
+            from harness.cpu_isa import override_env
             from harness.ray_local import init_local_ray
 
             init_local_ray(
                 ray,
                 num_cpus=max(2, os.cpu_count() or 2),
                 log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
+                # The actor's vLLM sees the arm's CPU (its plugin applies the same override).
+                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path), **override_env(arm.engine.cpu_isa)}},
             )
         from harness.device import cuda_available
         from harness.paths.weight_transfer import gpu_shares

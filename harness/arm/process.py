@@ -23,7 +23,9 @@ from harness.records import (
     ArmResult,
     Completions,
     ConsumedTensor,
+    CpuCapabilities,
     InFlightRequest,
+    KernelPath,
     Measurement,
     ModelInfo,
     Observation,
@@ -184,6 +186,33 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
     return tuple(facts)
 
 
+def arm_capabilities() -> CpuCapabilities | None:
+    """The CPU as vLLM sees it in the arm process (recorded even when no engine starts)."""
+    from harness.worker.cpu_dispatch import capabilities
+
+    try:
+        return capabilities("torch (arm)")
+    except Exception:
+        traceback.print_exc()
+        return None
+
+
+def worker_dispatch(
+    engine: EngineBase, fallback: CpuCapabilities | None
+) -> tuple[CpuCapabilities | None, tuple[KernelPath, ...]]:
+    """Rank 0's view of the CPU and the kernel each layer got; the arm's view where the
+    worker cannot say (the reasons are in the arm's log)."""
+    try:
+        first = engine.rpc("refit_harness_cpu_dispatch")[0]
+        return (
+            store.from_jsonable(CpuCapabilities, first["cpu"]),
+            store.from_jsonable(tuple[KernelPath, ...], first["kernel_paths"]),
+        )
+    except Exception:
+        traceback.print_exc()
+        return fallback, ()
+
+
 def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     from harness.paths import PATHS
 
@@ -192,6 +221,8 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     measurements: list[Measurement] = []
     completions: list[Completions] = []
     env: tuple[tuple[str, str], ...] = ()
+    cpu: list[CpuCapabilities | None] = [None]  # the arm's view, then the worker's
+    kernels: list[tuple[KernelPath, ...]] = [()]
     current: list[tuple[str | None, str | None]] = [(None, None)]  # (path, step) running now
     save_lock = threading.Lock()  # the watchdog thread saves too
     cold_starts = 0
@@ -214,6 +245,8 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
             measurements=tuple(measurements),
             completions=tuple(completions),
             refused=refused,
+            cpu=cpu[0],
+            kernel_paths=kernels[0],
         )
         with save_lock:
             store.dump(result, result_path, "arm_result")
@@ -224,6 +257,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
     watchdog = threading.Event()
     try:
         env = environment(arm.digest)
+        cpu[0] = arm_capabilities()
         paths = {name: PATHS.get(name)(arm.refit_checkpoints, arm.prompts) for name in arm.paths}
         for path in paths.values():
             if getattr(path, "trains", False):
@@ -231,6 +265,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
         watchdog = watch_engine_processes(lambda why: save("error", why))
+        cpu[0], kernels[0] = worker_dispatch(engine, cpu[0])
         for step in arm.steps:
             print(f"[{arm.name}] {describe(step)}", flush=True)
             if isinstance(step, Refit):
@@ -406,6 +441,10 @@ def main(argv: list[str]) -> int:
     arm = store.load(ArmPlan, plan_path, "arm_plan")
     # A little after the parent's timeout, which normally ends the arm first and says why.
     die_with_parent_and_deadline(arm.timeout_s + 15)
+    # Before torch or vLLM start here: every process the arm starts inherits the override.
+    from harness.worker.cpu_dispatch import prepare_arm
+
+    prepare_arm(arm.engine.cpu_isa)
     result = run(arm, result_path)
     return 0 if result.status == "ok" else 1
 

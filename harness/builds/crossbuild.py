@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from harness.cpu_isa import describe, same_dispatch
 from harness.errors import CompareError
 from harness.judge import exit_codes
 from harness.judge.diff import TensorStatus, compare_outputs, compare_tensors, one_digest
@@ -52,6 +53,8 @@ class BuildFacts:
     """Interpreter the arms ran under."""
     device: str
     """Device the arms ran on."""
+    cpu: str
+    """The CPU as vLLM saw it (``harness.cpu_isa.describe``): its kernels depend on it."""
     harness_git_sha: str
     """Commit of the harness that ran."""
     started: str
@@ -328,9 +331,44 @@ def facts_of(label: str, ev: Evaluation, directory: Path) -> BuildFacts:
         torch_git_sha=env.get("torch_git_sha", ""),
         python_executable=env.get("python_executable", build.python if build else ""),
         device=env.get("device", "?"),
+        cpu=describe(run_cpu(ev)),
         harness_git_sha=ev.record.git_sha,
         started=ev.record.started,
     )
+
+
+def run_cpu(ev: Evaluation):
+    """The CPU a run's vLLM saw: its reference arm's record, any arm's, else the run record's."""
+    arms = sorted((a for a in ev.arms if a.cpu is not None), key=lambda a: a.role != "reference")
+    return arms[0].cpu if arms else ev.record.cpu
+
+
+def cpu_notes(runs: dict[str, Evaluation | None], allow_mismatch: bool) -> list[str]:
+    """Two builds measured on CPUs that take different vLLM kernel branches cannot be compared:
+    a verdict, a value or a hook may differ by the instruction set alone (docs/isa.md). Refused
+    (``CompareError``), unless allowed, when it is then a note; a run that did not record its
+    CPU is a note."""
+    cpus = {label: run_cpu(ev) for label, ev in runs.items() if ev is not None}
+    unknown = [label for label, cpu in cpus.items() if cpu is None]
+    if unknown:
+        return [
+            f"{', '.join(unknown)} recorded no CPU capabilities (an older harness): a difference in vLLM's CPU "
+            "kernel branches between the builds cannot be ruled out"
+        ]
+    base = cpus["base"]
+    other = {label: cpu for label, cpu in cpus.items() if label != "base" and not same_dispatch(base, cpu)}
+    if not other:
+        return []
+    text = f"base was measured on {describe(base)}; " + "; ".join(
+        f"{label} on {describe(cpu)}" for label, cpu in other.items()
+    )
+    if not allow_mismatch:
+        raise CompareError(
+            f"the runs were measured on CPUs that take different vLLM kernel branches ({text}): their verdicts "
+            "may differ by the instruction set alone; measure both builds on one machine kind, or pass "
+            "--allow-cpu-mismatch to compare them anyway"
+        )
+    return [f"the builds were measured on different CPUs ({text}): differences may come from the instruction set"]
 
 
 def compare_builds(
@@ -340,9 +378,10 @@ def compare_builds(
     dirs: tuple[Path, Path, Path | None] = (Path("base"), Path("pr"), None),
     expectations: tuple[Expectation, ...] = (),
     command: str = "",
+    allow_cpu_mismatch: bool = False,
 ) -> BuildComparison:
     one_digest([*base.arms, *pr.arms, *(base2.arms if base2 else ())], "base, pr" + (" and base2" if base2 else ""))
-    notes: list[str] = []
+    notes: list[str] = cpu_notes({"base": base, "pr": pr, "base2": base2}, allow_cpu_mismatch)
     if base.record.checkpoints.b != pr.record.checkpoints.b:
         notes.append(
             f"base and pr refit to different checkpoints B ({base.record.checkpoints.b} vs "

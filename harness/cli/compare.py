@@ -22,6 +22,12 @@ def add_parsers(sub) -> None:
         metavar="NAME[:PATH_GLOB]=VERDICT",
         help="expected verdict per build (base, pr, base2)",
     )
+    compare.add_argument(
+        "--allow-cpu-mismatch",
+        action="store_true",
+        help="compare runs measured on CPUs that take different vLLM kernel branches (refused by default: "
+        "see docs/isa.md); the comparison then says so",
+    )
     compare.add_argument("--out", required=True, help="report directory")
 
 
@@ -32,5 +38,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not (d / "run.json").is_file():
             raise UsageError(f"{d} is not a run directory (no run.json)")
     return compare_runs(
-        Path(args.base), Path(args.pr), Path(args.noise) if args.noise else None, Path(args.out), args.expect, progress
+        Path(args.base),
+        Path(args.pr),
+        Path(args.noise) if args.noise else None,
+        Path(args.out),
+        args.expect,
+        progress,
+        allow_cpu_mismatch=args.allow_cpu_mismatch,
     )

@@ -49,7 +49,13 @@ def cmd_paths(args: argparse.Namespace) -> int:
             f"\n    sabotaged twin ({cls.sabotage_evidence} evidence): {cls.sabotage}"
         )
         for known in cls.known_issues:
-            print(f"    known issue on {known.device} (XFAIL while it holds): {known.reason}")
+            scope = "".join(
+                (
+                    f", {'/'.join(known.dtypes)}" if known.dtypes else "",
+                    f", CPUs with {' or '.join(known.cpu_capabilities)}" if known.cpu_capabilities else "",
+                )
+            )
+            print(f"    known issue on {known.device}{scope} (XFAIL while it holds): {known.reason}")
         for refusal in cls.refusals:
             print(f"    declined by vLLM on {refusal.device} (SKIPPED with vLLM's words): {refusal.reason}")
         if name in PATHS.third_party:
@@ -60,6 +66,8 @@ def cmd_paths(args: argparse.Namespace) -> int:
         scope = (
             f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "
             f"{', '.join(known.architectures) or 'any architecture'}, paths {', '.join(known.paths) or 'all'}"
+            + (f", {'/'.join(known.dtypes)}" if known.dtypes else "")
+            + (f", CPUs with {' or '.join(known.cpu_capabilities)}" if known.cpu_capabilities else "")
         )
         print(f"known issue ({scope}; XFAIL while it holds): {known.title or known.reason}")
     return 0

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import get_args
 
 from harness.cli.common import exit_for, interrupted, positive_float, positive_int, progress, set_out
+from harness.cpu_isa import LEVEL_CHOICES, NATIVE, override_from_env
 from harness.errors import BuildError, UsageError
 from harness.orchestrate.execute import ArmEvents, Progress
+from harness.settings import CPU_ISA_ENV
 from harness.spec.run import (
     ControlSpec,
     DigestChoice,
@@ -95,6 +97,14 @@ def add_parsers(sub) -> None:
         metavar="FILE.yaml",
         help="vLLM engine arguments from a YAML file, with the keys of 'vllm serve --config' (flat or "
         "nested, dashes or underscores); --engine-arg flags win over it",
+    )
+    run.add_argument(
+        "--cpu-isa",
+        choices=LEVEL_CHOICES,
+        default=None,
+        help="make vLLM take the CPU kernel branches of a smaller CPU on this one: its AVX-512/AMX "
+        "capabilities are hidden from vLLM in every engine process and oneDNN is capped the same way "
+        f"(default: {CPU_ISA_ENV}, else native; see docs/isa.md)",
     )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(
@@ -295,6 +305,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             dtype=args.dtype or "float32",
             engine_core_process=args.engine_core_process,
             engine_args=engine_args_of(args),
+            cpu_isa=cpu_isa_of(args),
         ),
         perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
         control=ControlSpec(tensor=args.control_tensor),
@@ -382,7 +393,15 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         from harness.spec.engine_config import merge
 
         changes["engine_configs"] = tuple(replace(c, args=merge(c.args, given)) for c in scenario.engine_configs)
+    if cpu_isa_of(args) != NATIVE:
+        changes["cpu_isa"] = cpu_isa_of(args)
     return replace(scenario, **changes)
+
+
+def cpu_isa_of(args: argparse.Namespace) -> str:
+    """``--cpu-isa``, else ``REFIT_HARNESS_CPU_ISA``, else native (checked against the CPU before
+    any engine starts, in ``execute.validate``)."""
+    return getattr(args, "cpu_isa", None) or override_from_env()
 
 
 def accuracy_of(path: str | None):

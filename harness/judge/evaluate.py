@@ -158,7 +158,9 @@ def evaluate(out: Path) -> Evaluation:
             c,
             record.spec.judge,
             fail_on_rebound,
-            known=cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype),
+            known=cls.known_issues_for(
+                device, env.get("vllm"), architecture, record.spec.engine.dtype, cpu_flags_of(subject, record)
+            ),
             require_cache_hits=cls.needs_cache_hits,
         )
         if record.spec.sabotage:
@@ -180,6 +182,13 @@ def evaluate(out: Path) -> Evaluation:
     return Evaluation(
         record=record, arms=tuple(results.values()), comparisons=tuple(comparisons), verdicts=tuple(verdicts)
     )
+
+
+def cpu_flags_of(subject: ArmResult, record: RunRecord) -> tuple[str, ...] | None:
+    """The CPU capabilities the subject's vLLM saw (its worker's record), else the machine's
+    as the run recorded it; None in records from before capabilities were recorded."""
+    cpu = subject.cpu or record.cpu
+    return cpu.flags if cpu is not None else None
 
 
 def _labels(arm: ArmPlan, owner: str) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from harness.judge.diff import PathComparison
 from harness.judge.verdict import Verdict
 from harness.plan import Plan
-from harness.records import ArmResult
+from harness.records import ArmResult, CpuCapabilities
 from harness.spec.checkpoint_set import CheckpointSet
 from harness.spec.run import RunSpec
 
@@ -35,6 +35,9 @@ class RunRecord:
     reference_key: str | None = None
     """Content key of the cold-B reference and noise observations (``harness.orchestrate.reference``); None
     when reference reuse was off. With ``plan.reused`` set, their results came from the cache."""
+    cpu: CpuCapabilities | None = None
+    """The machine's CPU as the parent read it (``/proc/cpuinfo``), with the ``--cpu-isa`` override
+    applied; each arm records what vLLM itself saw (``ArmResult.cpu``). None in older records."""
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,9 @@ def validate(spec: RunSpec) -> RunSpec:
             PATHS.get(p)
         except UnknownName as exc:
             raise UsageError(str(exc)) from None
+    from harness.cpu_isa import check_override, host_capabilities
+
+    check_override(spec.engine.cpu_isa, host_capabilities())
     if spec.engine.tensor_parallel_size < 1:
         raise UsageError(f"tensor-parallel size must be at least 1, not {spec.engine.tensor_parallel_size}")
     if not spec.arm_timeout_s > 0:
@@ -237,6 +240,8 @@ def prepare(
         if found:
             plan = replace(plan, reused=reference.CACHED_ROLES)
     started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    from harness.cpu_isa import host_capabilities
+
     record = RunRecord(
         spec=spec,
         checkpoints=cs,
@@ -245,6 +250,7 @@ def prepare(
         started=started,
         arm_env=tuple(sorted(env.items())),
         reference_key=key,
+        cpu=host_capabilities(spec.engine.cpu_isa),
     )
     store.dump(record, out / "run.json", "run_record")
     return record, inputs
@@ -301,6 +307,9 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
     architecture = architecture_of(cs.a)
     version = vllm_version_of(spec)
     device = "cuda" if cuda_available() else "cpu"
+    from harness.cpu_isa import host_capabilities
+
+    cpu_flags = host_capabilities(spec.engine.cpu_isa).flags  # what the arms' vLLM will see
     out = {}
     for p, need in needs.items():
         prefix = need.requirements.enable_prefix_caching
@@ -309,7 +318,10 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
             **spec.engine.vllm_kwargs(),
             "enable_prefix_caching": spec.engine.setting("enable_prefix_caching") if prefix is None else prefix,
         }
-        known = next((k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine)), None)
+        known = next(
+            (k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine, cpu_flags)),
+            None,
+        )
         if known:
             out[p] = f"known issue, not started: {known.reason}"
     return out

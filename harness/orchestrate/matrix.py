@@ -48,7 +48,15 @@ Interrupted = Callable[[KeyboardInterrupt, Callable[[], Path]], object]
 interrupt and a function that writes the report of what finished."""
 
 
-def compare_runs(base: Path, pr: Path, base2: Path | None, out: Path, expect: list[str], progress: Progress) -> int:
+def compare_runs(
+    base: Path,
+    pr: Path,
+    base2: Path | None,
+    out: Path,
+    expect: list[str],
+    progress: Progress,
+    allow_cpu_mismatch: bool = False,
+) -> int:
     """Compare two finished runs (and the base run again, the noise floor) from their records,
     write the comparison page in ``out``; its exit code (expectations met or not)."""
     import shlex
@@ -66,6 +74,7 @@ def compare_runs(base: Path, pr: Path, base2: Path | None, out: Path, expect: li
         dirs=(base, pr, base2),
         expectations=expectations,
         command=shlex.join(["refit-harness", *sys.argv[1:]]),
+        allow_cpu_mismatch=allow_cpu_mismatch,
     )
     files = write_comparison(cmp, out)
     for e in cmp.expectations:

@@ -72,6 +72,12 @@ class ScenarioFile(pytest.File):
         if module.rsplit(".", 1)[-1] != self.path.stem:
             return
         scenario = SCENARIOS.get(name)()
+        from dataclasses import replace
+
+        from harness.cpu_isa import NATIVE, override_from_env
+
+        if override_from_env() != NATIVE:  # REFIT_HARNESS_CPU_ISA, as for the CLI
+            scenario = replace(scenario, cpu_isa=override_from_env())
         for group in expand(scenario):
             for path in group.spec.paths:
                 marker = "gpu" if scenario.device == "cuda" or PATHS.get(path).device == "cuda" else "cpu"

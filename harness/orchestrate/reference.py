@@ -2,8 +2,9 @@
 
 A cold start on B observes the same tensors and tokens every time, as long as nothing it
 depends on changed. The key is a hash over exactly those inputs (``ReferenceInputs``):
-the build (vLLM and torch versions and content identities, Python), the device, the cold-B
-arm's engine settings, prompts and steps, the content of checkpoint B, the environment
+the build (vLLM and torch versions and content identities, Python), the device and its CPU
+capabilities (a reference from another instruction set is never reused: vLLM's CPU kernels
+differ by ISA, see docs/isa.md), the cold-B arm's engine settings, prompts and steps, the content of checkpoint B, the environment
 variables the engine reads, and the harness's own observation code. Any change gives a new
 key, so a stale entry is never found, only left behind.
 
@@ -31,8 +32,8 @@ import blake3
 from harness import store
 from harness.cache import cached_variant, key_lock
 from harness.plan import ArmPlan
-from harness.records import ArmResult
-from harness.settings import EXTRA_MODELS_ENV, REUSE_ENV
+from harness.records import ArmResult, CpuCapabilities
+from harness.settings import CPU_ISA_ENV, EXTRA_MODELS_ENV, REUSE_ENV
 
 CACHED_ROLES = ("reference", "noise")
 # Environment variables that change what an engine computes or how it is built.
@@ -50,7 +51,9 @@ _ENV_PREFIXES = (
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_TF32_OVERRIDE",
     "LD_PRELOAD",
+    "ATEN_",
     EXTRA_MODELS_ENV,
+    CPU_ISA_ENV,
 )
 # Harness files whose code decides what a cold-B arm observes (paths relative to harness/).
 _OBSERVATION_CODE = (
@@ -62,6 +65,8 @@ _OBSERVATION_CODE = (
     "worker/extension.py",
     "worker/vllm_plugin.py",
     "worker/vllm_private.py",
+    "worker/cpu_dispatch.py",
+    "cpu_isa.py",
     "arm/process.py",
     "arm/engines.py",
     "records.py",
@@ -82,6 +87,10 @@ class ReferenceInputs:
     """vLLM and torch versions with their commit or installed-content identity, and Python's version."""
     device: str
     """Device name: the GPU model(s), or the CPU model and core count."""
+    cpu: CpuCapabilities | None
+    """The CPU capabilities vLLM's CPU dispatch reads, as the arm will see them (host flags
+    with the ``--cpu-isa`` override applied): the CPU model name alone does not tell them (a
+    virtual machine shows a generic name)."""
     arm: str
     """The cold-B arm as planned, less its name, checkpoint paths and timeout (JSON)."""
     checkpoint_b: str
@@ -102,10 +111,13 @@ def reference_inputs(arm: ArmPlan, arm_env: dict[str, str]) -> ReferenceInputs:
     plan = store.to_jsonable(arm)
     for field in ("name", "role", "checkpoints", "timeout_s"):
         plan.pop(field)
+    from harness.cpu_isa import host_capabilities
+
     env = {**os.environ, **arm_env}
     return ReferenceInputs(
         build=build_identity(),
         device=device_name(),
+        cpu=host_capabilities(arm.engine.cpu_isa),
         arm=json.dumps(plan, sort_keys=True),
         checkpoint_b=content_fingerprint(arm.checkpoints.b),
         env=tuple(sorted((k, v) for k, v in env.items() if k.startswith(_ENV_PREFIXES))),

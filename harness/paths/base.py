@@ -104,16 +104,26 @@ class ReloadPath:
 
     @classmethod
     def known_issue(
-        cls, device: str, vllm_version: str | None = None, architecture: str | None = None, dtype: str | None = None
+        cls,
+        device: str,
+        vllm_version: str | None = None,
+        architecture: str | None = None,
+        dtype: str | None = None,
+        cpu_flags: tuple[str, ...] | None = None,
     ) -> KnownIssue | None:
         """The known issue expected for a subject of this path on an arm's recorded device
-        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class and dtype: an architecture's
-        issue (``harness.spec.known_issues``) first, then the path's own."""
-        return next(iter(cls.known_issues_for(device, vllm_version, architecture, dtype)), None)
+        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class, dtype and CPU capabilities:
+        an architecture's issue (``harness.spec.known_issues``) first, then the path's own."""
+        return next(iter(cls.known_issues_for(device, vllm_version, architecture, dtype, cpu_flags)), None)
 
     @classmethod
     def known_issues_for(
-        cls, device: str, vllm_version: str | None = None, architecture: str | None = None, dtype: str | None = None
+        cls,
+        device: str,
+        vllm_version: str | None = None,
+        architecture: str | None = None,
+        dtype: str | None = None,
+        cpu_flags: tuple[str, ...] | None = None,
     ) -> tuple[KnownIssue, ...]:
         """Every known issue expected for such a subject, an architecture's first: a cell can
         hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format reload)."""
@@ -123,7 +133,11 @@ class ReloadPath:
         expected = [k for k in KNOWN_ISSUES if k.outcome == "xfail"]
         specific = [k for k in expected if k.architectures]
         general = list(cls.known_issues) + [k for k in expected if not k.architectures]
-        return tuple(k for k in specific + general if k.applies(cls.name, device, vllm_version, architecture, dtype))
+        return tuple(
+            k
+            for k in specific + general
+            if k.applies(cls.name, device, vllm_version, architecture, dtype, cpu_flags=cpu_flags)
+        )
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:
         """Update ``engine`` to ``target``; return an ``EngineRestart`` to be given a new engine."""

@@ -87,7 +87,28 @@ class ReloadKernelFormat(ReloadPath):
             reason="vLLM's CPU backend packs each linear (and lm_head) weight into a oneDNN handle in a post-load hook, "
             "and a kernel-format reload runs no hook: every such kernel keeps the old weights, with no error or "
             "warning. Stock linear layers even leave their Parameter empty, so they are not fed at all "
-            "(measured on 0.32, in float32; in bfloat16 there are no such handles and the path passes)",
+            "(measured on 0.32, in float32, on every CPU; repro/cpu_kernel_format_reload_leaves_packed_gemm_stale.py "
+            "--dtype float32)",
+        ),
+        KnownIssue(
+            device="cpu",
+            tensor_kinds=("kernel", "closure"),
+            # The kernel probes, and the SGL kernels' packed weights (the closures of cpu_linear).
+            tensor_pattern=r"(\.<kernel-output>|\.cpu_linear<closure>\.packed_weight)$",
+            dtypes=("bfloat16",),
+            # oneDNN takes bf16 GEMMs on any AVX-512 CPU; SGL runs them on AMX. On AVX2 neither does.
+            cpu_capabilities=("avx512_f", "amx_tile"),
+            title="CPU: a kernel-format reload leaves every packed bf16 GEMM kernel (oneDNN on AVX-512, SGL on "
+            "AMX) with the old weights",
+            reason="In bfloat16 the same holds wherever vLLM's CPU backend packs bf16 GEMMs: an SGL "
+            "weight_packed_linear on AMX CPUs (weights up to 1 MiB: attention projections, MoE routers, the "
+            "embedding's and lm_head's kernels), a oneDNN handle on any AVX-512 CPU (oneDNN refuses a bf16 "
+            "matmul below AVX-512, where the layer keeps a plain torch linear and the path passes). A "
+            "kernel-format reload runs no post-load hook, so every packed kernel keeps the old weights "
+            "(measured on 0.32: Qwen3-MoE and NemotronH on an Intel Xeon with AMX, Qwen3-MoE on an AMD EPYC "
+            "with AVX512-BF16; PASS with --cpu-isa avx2; "
+            "repro/cpu_kernel_format_reload_leaves_packed_gemm_stale.py, "
+            "docs/findings/cpu-kernel-format-packed-gemm.md)",
         ),
     )
 

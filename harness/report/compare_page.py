@@ -92,7 +92,9 @@ def render_markdown(cmp: BuildComparison) -> str:
     for f in (b, b2, p):
         if f:
             sha = f" `{f.vllm_git_sha[:12]}`" if f.vllm_git_sha else ""
-            lines.append(f"- **{f.label}** (`{f.build}`): vLLM `{f.vllm}`{sha} · torch `{f.torch}` · {f.device}")
+            lines.append(
+                f"- **{f.label}** (`{f.build}`): vLLM `{f.vllm}`{sha} · torch `{f.torch}` · {f.device} · CPU {f.cpu}"
+            )
     ok = all(e.met for e in cmp.expectations)
     lines += ["", f"**Expectations: {'met' if ok else 'NOT met'}**", ""]
     for e in cmp.expectations:

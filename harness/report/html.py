@@ -33,6 +33,7 @@ def render_html(
             "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size,
             "args": engine_args_shown(ev),
         },
+        cpu=summary["environment"].get("cpu_capabilities", "not recorded"),
         paths=paths,
         divergent=[
             (name, p)

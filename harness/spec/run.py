@@ -45,6 +45,10 @@ class EngineSpec:
     the same worker code either way; in-process saves a second vLLM import and start per arm
     (measured here: 45 s vs 18 s for a tiny model's cold start). ``vllm serve`` arms always
     keep vLLM's own process layout."""
+    cpu_isa: str = "native"
+    """The CPU capability level vLLM is made to see (``--cpu-isa``): ``native``, or ``avx512_bf16``,
+    ``avx512``, ``avx2`` to take a smaller CPU's kernel branches on this one (``harness.cpu_isa``).
+    Part of every arm's plan, so of the arm and reference keys."""
     engine_args: EngineArgs = ()
     """Further vLLM engine arguments every arm is built with (``--engine-arg``, ``--engine-config``,
     a scenario's engine configuration), as sorted ``(EngineArgs field, JSON value)`` pairs.

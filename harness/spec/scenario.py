@@ -90,6 +90,8 @@ class ScenarioSpec:
     engine_configs: tuple[EngineConfig, ...] = (EngineConfig(),)
     """vLLM engine configurations, one cell group each per model (a configuration x path grid);
     the default is vLLM's own defaults under the harness's settings. Labels must be unique."""
+    cpu_isa: str = "native"
+    """The CPU capability level every arm's vLLM is made to see (``EngineSpec.cpu_isa``)."""
     device: Device = "cpu"
     """Where the scenario is meant to run; its pytest items carry this marker (a path
     that needs CUDA is always ``gpu``)."""
@@ -148,6 +150,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 dtype=dtype,
                                 engine_core_process=s.engine_core_process,
                                 engine_args=merge(m.engine_args, config.args),
+                                cpu_isa=s.cpu_isa,
                             ),
                             control=s.control,
                             prompts=s.prompts,

@@ -302,12 +302,16 @@ def probe_linear_kernels(model: nn.Module, unobserved: list[UnobservedRecord] | 
     with torch.inference_mode():
         for mod_name, module in model.named_modules():
             method = getattr(module, "quant_method", None)
+            # A replicated linear (an MoE router: vLLM's GateLinear) has no TP partition of its
+            # input and names its width ``input_size``; its packed kernel goes stale all the same.
             in_features = getattr(module, "input_size_per_partition", None)
             if in_features is None and callable(getattr(module, "tie_weights", None)):
                 # vLLM's ParallelLMHead: its quant method computes the logits, on CPU through a
                 # kernel copy (a packed weight or a oneDNN handle) built from the weight at load,
                 # which for a tied head is the embedding's parameter.
                 in_features = getattr(module, "embedding_dim", None)
+            if in_features is None and any(c.__name__ == "ReplicatedLinear" for c in type(module).__mro__):
+                in_features = getattr(module, "input_size", None)
             if method is None or not hasattr(method, "apply") or not isinstance(in_features, int):
                 continue
             name = f"{mod_name}.<kernel-output>"

@@ -21,6 +21,16 @@ class RefitObserver:
     def refit_harness_ping(self) -> int:
         return int(getattr(self, "rank", 0))
 
+    def refit_harness_cpu_dispatch(self) -> dict[str, Any]:
+        """The CPU as vLLM sees it in this worker (after any ``--cpu-isa`` override) and the
+        kernel each layer got at load, as JSON (``CpuCapabilities``, ``KernelPath`` records)."""
+        from harness.worker.cpu_dispatch import capabilities, kernel_paths
+
+        return {
+            "cpu": to_jsonable(capabilities("torch (worker)")),
+            "kernel_paths": to_jsonable(kernel_paths(self.get_model())),
+        }
+
     def refit_harness_reload_from_iterator(self, checkpoint_dir: str, exclude: list[str] | None = None) -> None:
         """reload_weights fed from memory, the way a colocated trainer hands over tensors;
         ``exclude``: names left out of the feed (a sabotaged refit)."""

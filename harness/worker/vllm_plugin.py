@@ -7,6 +7,9 @@ the only way a registration reaches the workers. It registers, lazily by
 - any architectures named in ``REFIT_HARNESS_MODELS`` (``Arch=module:Class`` pairs,
   comma-separated), so a user can test an out-of-tree model without an entry point
   of their own. The variable is inherited by every spawned process.
+
+First of all it applies the CPU capability override of ``REFIT_HARNESS_CPU_ISA``
+(``harness.worker.cpu_dispatch``), so every vLLM process sees the same CPU as the arm.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from harness.spec.architectures import FIXTURE_ARCHITECTURES, extra_architecture
 
 
 def register() -> None:
+    from harness.worker.cpu_dispatch import apply_from_env
+
+    apply_from_env()
     from vllm import ModelRegistry
 
     register_gloo_transfer()

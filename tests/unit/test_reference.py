@@ -35,7 +35,7 @@ def reference_arm(b: Path, spec_changes: dict | None = None, a: str = "/a"):
 @pytest.fixture
 def base(tmp_path, monkeypatch):
     for k in list(os.environ):
-        if k.startswith(("VLLM_", "OMP_")):
+        if k.startswith(("VLLM_", "OMP_", "REFIT_HARNESS_CPU_ISA", "ONEDNN_", "ATEN_")):
             monkeypatch.delenv(k)
     b = checkpoint(tmp_path / "B")
     return b, reference.reference_key(reference.reference_inputs(reference_arm(b), {}))
@@ -121,6 +121,36 @@ def test_changing_the_build_or_the_device_changes_the_key(base, monkeypatch):
     assert key(b) != k
 
 
+def test_changing_the_cpu_capabilities_or_the_override_changes_the_key(base, monkeypatch):
+    """vLLM's CPU kernels differ by instruction set (docs/isa.md): a reference measured on
+    another ISA, or with another ``--cpu-isa`` override, is never reused. The CPU model name
+    does not tell them apart (a virtual machine shows a generic one), the flags do."""
+    import dataclasses
+
+    from harness import cpu_isa
+
+    b, k = base
+    real = cpu_isa.host_capabilities
+    assert real().flags, "this machine's /proc/cpuinfo shows no dispatch flag"
+    for change in (
+        {"flags": ("avx2",)},
+        {"host_flags": ("avx2",)},
+        {"is_zen_cpu": True},
+        {"arch": "aarch64"},
+        {"vendor": "AuthenticAMD"},
+    ):
+        monkeypatch.setattr(
+            cpu_isa, "host_capabilities", lambda o="native", c=change: dataclasses.replace(real(o), **c)
+        )
+        assert key(b) != k, change
+    monkeypatch.setattr(cpu_isa, "host_capabilities", real)
+    assert key(b) == k
+    if "avx2" in real().flags:
+        assert key(b, engine=EngineSpec(cpu_isa="avx2")) != k
+    assert key(b, env={"REFIT_HARNESS_CPU_ISA": "avx2"}) != k  # inherited by the arm's vLLM processes
+    assert key(b, env={"ONEDNN_MAX_CPU_ISA": "AVX2"}) != k
+
+
 def test_changing_the_observation_code_changes_the_key(base, tmp_path, monkeypatch):
     b, k = base
     harness_copy = shutil.copytree(
@@ -128,7 +158,14 @@ def test_changing_the_observation_code_changes_the_key(base, tmp_path, monkeypat
     )
     monkeypatch.setattr(reference, "__file__", str(harness_copy / "orchestrate" / "reference.py"))
     assert key(b) == k  # the same code elsewhere
-    for name in ("worker/census.py", "worker/recorder.py", "worker/extension.py", "worker/fixtures/models.py"):
+    for name in (
+        "worker/census.py",
+        "worker/recorder.py",
+        "worker/extension.py",
+        "worker/fixtures/models.py",
+        "worker/cpu_dispatch.py",
+        "cpu_isa.py",
+    ):
         original = (harness_copy / name).read_text()
         (harness_copy / name).write_text(original + "\n# changed\n")
         assert key(b) != k, name
