@@ -36,7 +36,7 @@ from harness.records import (
     RankRecording,
     UnobservedRecord,
 )
-from harness.settings import BUILD_ENV, PATCHES_ENV
+from harness.settings import BUILD_ENV, OVERLAY_ENV, PATCHES_ENV
 from harness.spec.run import PromptSpec
 
 
@@ -178,6 +178,9 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
     build = os.environ.get(BUILD_ENV)
     if build:
         facts.append(("build", build))
+    overlay = os.environ.get(OVERLAY_ENV)
+    if overlay:  # an overlay build (harness.builds.overlay): its packages over another environment
+        facts.append(("build_overlay", overlay))
     patches = os.environ.get(PATCHES_ENV)
     if patches:  # a patched build: vLLM's version is the base's, these diffs are applied on top
         facts.append(("vllm_patches", patches))

@@ -476,8 +476,9 @@ def _run_arms(
                     queue.clear()
         elif todo:
             from harness.orchestrate.fanout import run_arms
+            from harness.orchestrate.processes import run_arms_here
 
-            for arm, result in run_arms(todo, out, fan, started, env, keys):
+            for arm, result in (run_arms if fan.ray else run_arms_here)(todo, out, fan, started, env, keys):
                 finished(arm, result)
     finally:
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled

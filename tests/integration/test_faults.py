@@ -85,6 +85,8 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
             "reload_weights,http_reload",
             "--out",
             str(out),
+            "--executor",
+            "ray",  # the arms as Ray actors: Ray's servers must listen on loopback only
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
