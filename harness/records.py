@@ -170,6 +170,10 @@ class ModelInfo:
     """Checkpoint name -> the model's own name, for the checkpoint names the comparison
     needs (the control tensor) that vLLM's weights mapper renames (``backbone.`` ->
     ``model.`` on NemotronH); names it keeps are absent. Older records: none."""
+    quant_kernels: tuple[str, ...] = ()
+    """The quantized linear kernels the model runs (``census.quant_kernels``), e.g.
+    ``CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn``: known
+    issues of one kernel path are scoped on them. Unquantized models and older records: none."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,8 @@ class RankCensus:
     """Post-load hooks and their call counts on this rank."""
     weight_names: tuple[tuple[str, str], ...]
     """Checkpoint name -> the model's own name, where vLLM renames it (see ``ModelInfo``)."""
+    quant_kernels: tuple[str, ...] = ()
+    """The quantized linear kernels it runs (see ``ModelInfo``)."""
 
 
 @dataclass(frozen=True)

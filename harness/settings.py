@@ -22,6 +22,9 @@ SCRATCH_ENV = "REFIT_HARNESS_SCRATCH"
 """The arm's scratch directory for full weight copies (set by the runner for each arm)."""
 BUILD_ENV = "REFIT_HARNESS_BUILD"
 """The name of the build an arm runs under (set by ``harness.builds.venvs.build_env``)."""
+OVERLAY_ENV = "REFIT_HARNESS_BUILD_OVERLAY"
+"""Set by an overlay build's launcher (``harness.builds.overlay``): its packages and the
+environment under them; every arm records it as ``build_overlay``."""
 PATCHES_ENV = "REFIT_HARNESS_VLLM_PATCHES"
 """The patches a patched build applied to its vLLM, ``name@sha256`` joined by ``,`` (set by the
 build's own ``bin/python`` launcher, so every process of an arm inherits it and records it)."""

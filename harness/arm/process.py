@@ -37,7 +37,7 @@ from harness.records import (
     RankRecording,
     UnobservedRecord,
 )
-from harness.settings import BUILD_ENV, PATCHES_ENV
+from harness.settings import BUILD_ENV, OVERLAY_ENV, PATCHES_ENV
 from harness.spec.run import PromptSpec
 
 
@@ -64,6 +64,7 @@ def observe(
         packed_modules_mapping=first.packed_modules_mapping,
         world_size=len(per_rank),
         weight_names=first.weight_names,
+        quant_kernels=first.quant_kernels,
     )
     unobserved = [u for r in per_rank for u in r.unobserved]
     # Census first, then one recorded forward, then the outputs: every arm sees the same sequence.
@@ -275,6 +276,9 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
     build = os.environ.get(BUILD_ENV)
     if build:
         facts.append(("build", build))
+    overlay = os.environ.get(OVERLAY_ENV)
+    if overlay:  # an overlay build (harness.builds.overlay): its packages over another environment
+        facts.append(("build_overlay", overlay))
     patches = os.environ.get(PATCHES_ENV)
     if patches:  # a patched build: vLLM's version is the base's, these diffs are applied on top
         facts.append(("vllm_patches", patches))
@@ -435,13 +439,24 @@ def describe(step: Step) -> str:
     return f"observe {step.label}"
 
 
-_UNSUPPORTED = re.compile(r"\b(not supported|unsupported|not implemented)\b", re.IGNORECASE)
+_UNSUPPORTED = re.compile(
+    r"\b(not supported|unsupported|not implemented)\b"
+    # vLLM's kernel selection finding no kernel for a quantized layer on this platform
+    r"|Failed to find a kernel that can implement"
+    # a custom op the CPU build declares without a kernel, so with no arguments at all
+    # (measured: "_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4")
+    r"|_C::\w+\(\) expected at most 0 argument",
+    re.IGNORECASE,
+)
 
 
 def refused_by_vllm(exc: BaseException) -> bool:
     """Is this vLLM declining to build the engine here, rather than a bug? Measured forms:
     "Unsupported CPU attention configuration: head_dim=16" (a RuntimeError from the CPU
-    attention op), "Head dimension 48 is not supported by MLA", "Unsupported block size: 16".
+    attention op), "Head dimension 48 is not supported by MLA", "Unsupported block size: 16",
+    and for quantized engines "Failed to find a kernel that can implement the ScaledMM linear
+    layer" and a CPU-build op stub ("_C::static_scaled_fp8_quant() expected at most 0
+    argument(s)", raised from vLLM's ``_custom_ops``).
     So: an exception that says the configuration is not supported, raised where the deepest
     frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
     fixture model) stays an error. With ``--engine-core-process`` the client only sees

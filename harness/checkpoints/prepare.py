@@ -3,10 +3,12 @@ point that resolves a run's checkpoints (``CheckpointSet``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness.checkpoints.control import choose_control_tensor
 from harness.checkpoints.derived import damaged, perturbed, with_control, without_tensor
+from harness.checkpoints.quantize import describe, quantization_config
 from harness.checkpoints.read import check_target, read_headers
 from harness.checkpoints.source import resolve_model
 from harness.settings import DEFAULT_CACHE
@@ -22,9 +24,12 @@ def prepare(
     cache: Path = DEFAULT_CACHE,
     sabotage: bool = False,
     damage: float | None = None,
+    online_quantization: str | None = None,
 ) -> CheckpointSet:
     """Resolve A (a directory or a hub id), check or make B, and make B' (and B without the
-    control tensor, for sabotaged refits; B damaged by ``damage``, for the accuracy probe)."""
+    control tensor, for sabotaged refits; B damaged by ``damage``, for the accuracy probe).
+    ``online_quantization``: the engines' ``quantization`` argument, if any (the automatic
+    control is then a tensor the quantized kernels read)."""
     a = resolve_model(model)
     headers = read_headers(a)
     if target:
@@ -35,7 +40,9 @@ def prepare(
     if control.tensor:
         tensor, reason = control.tensor, "given with --control-tensor"
     else:
-        tensor, reason = choose_control_tensor(headers)
+        tensor, reason = choose_control_tensor(
+            headers, quantized=quantization_config(a) is not None, online_quantization=online_quantization
+        )
         control = ControlSpec(tensor=tensor, scale=control.scale)
     b_control = with_control(b, control, cache)
     b_without = str(without_tensor(b, tensor, cache).resolve()) if sabotage else None
@@ -48,4 +55,20 @@ def prepare(
         control_reason=reason,
         b_without_control=b_without,
         b_damaged=b_damaged,
+        architecture=(_config(a).get("architectures") or [None])[0],
+        tied_embeddings=_tied(_config(a)),
+        quantization=describe(quantization_config(a)),
     )
+
+
+def _config(directory: str | Path) -> dict:
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _tied(config: dict) -> bool | None:
+    tied = config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings"))
+    return tied if isinstance(tied, bool) else None

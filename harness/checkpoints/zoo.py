@@ -335,17 +335,140 @@ HUNYUAN_V3 = Family(
 ALL_FAMILIES: tuple[Family, ...] = FAMILIES + TIED_FAMILIES + KV_FAMILIES + KV_FIXTURE_FAMILIES + (HUNYUAN_V3,)
 
 
+@dataclass(frozen=True)
+class QuantizedFamily:
+    """A zoo family written in a quantized on-disk format (``harness.checkpoints.quantize``)."""
+
+    label: str
+    """Short name used in cell ids, e.g. ``qwen3-gptq-int4``."""
+    base: str
+    """The float family it quantizes (its label in ``FAMILIES``)."""
+    quantization: str
+    """The format (``QUANT_FORMATS``)."""
+    covers: str
+    """What it adds: the CPU kernel and the derived state it builds."""
+
+
+QUANTIZED_FAMILIES: tuple[QuantizedFamily, ...] = (
+    QuantizedFamily(
+        "qwen3-w8a8-int8",
+        "qwen3",
+        "ct-w8a8-int8",
+        "compressed-tensors W8A8 int8, symmetric per-token inputs: CPUInt8ScaledMMLinearKernel's AMX path "
+        "(VNNI-packed int8 weight, bias_fp32)",
+    ),
+    QuantizedFamily(
+        "qwen3-w8a8-int8-asym",
+        "qwen3",
+        "ct-w8a8-int8-asym",
+        "compressed-tensors W8A8 int8, asymmetric per-token inputs: CPUInt8ScaledMMLinearKernel's oneDNN path "
+        "(a oneDNN scaled-mm handler, transposed weight, azp_adj)",
+    ),
+    QuantizedFamily(
+        "llama-gptq-int4",
+        "llama",
+        "gptq-int4",
+        "GPTQ int4: CPUWNA16LinearKernel's W4A8 path (re-blocked qweight, fp32 scales, a constant zero-point "
+        "tensor); no biases",
+    ),
+    QuantizedFamily(
+        "qwen3-awq-int4",
+        "qwen3",
+        "awq-int4",
+        "AWQ int4 with zero points: AutoAWQMarlinLinearMethod converts to GPTQ layout, then CPUWNA16LinearKernel's "
+        "W4A8 path, which also converts the attention biases to fp32",
+    ),
+    QuantizedFamily(
+        "qwen3-fp8-w8a8",
+        "qwen3",
+        "ct-fp8-w8a8",
+        "compressed-tensors fp8 W8A8, per-channel weights and dynamic per-token activations "
+        "(ChannelWiseTorchFP8ScaledMMLinearKernel)",
+    ),
+    QuantizedFamily(
+        "qwen3-fp8-static",
+        "qwen3",
+        "ct-fp8-static",
+        "compressed-tensors fp8 W8A8, per-tensor weights and a static input scale",
+    ),
+    QuantizedFamily(
+        "llama-fp8-block",
+        "llama",
+        "fp8-block",
+        "fp8 weights in 64x128 blocks, dynamic per-group activations: CPUFp8BlockScaledMMKernel (VNNI-packed "
+        "fp8 weight); no biases",
+    ),
+    QuantizedFamily(
+        "qwen3-fp8-block",
+        "qwen3",
+        "fp8-block",
+        "the same fp8 block format on a model with attention biases (as Qwen2/Qwen2.5 have)",
+    ),
+)
+"""The ``quantized`` scenario's families: the tiny Qwen3 of the zoo in each on-disk format."""
+
+QUANT_FIXTURE_FAMILIES: tuple[QuantizedFamily, ...] = (
+    QuantizedFamily(
+        "qwen3-boot-max-scale",
+        "qwen3",
+        "fixture-boot-max-scale",
+        "planted bug: a fused layer's combined (max) weight scale computed at cold start only",
+    ),
+    QuantizedFamily(
+        "qwen3-fresh-max-scale",
+        "qwen3",
+        "fixture-fresh-max-scale",
+        "its fixed twin: the combined scale recomputed on every load",
+    ),
+)
+"""The planted quantized fixture and its twin (``harness.worker.fixtures.quant``)."""
+
+_QWEN3_MOE = next(f for f in FAMILIES if f.label == "qwen3-moe")
+ONLINE_QUANT_FAMILIES: tuple[Family, ...] = (
+    replace(
+        _QWEN3,
+        label="qwen3-online-fp8",
+        covers="online quantization of the float checkpoint (quantization=fp8_per_channel): every projection "
+        "quantized at load to e4m3 with a per-channel scale, dynamic per-token fp8 activations",
+        engine_args=encode({"quantization": "fp8_per_channel"}),
+        dense=False,
+    ),
+    replace(
+        _QWEN3_MOE,
+        label="qwen3-moe-online-int8",
+        covers="online quantization (quantization=int8_per_channel_weight_only), which vLLM applies to MoE "
+        "experts only: the experts quantized at load to int8 with per-channel scales",
+        engine_args=encode({"quantization": "int8_per_channel_weight_only"}),
+    ),
+)
+"""Online quantization: float checkpoints run with a ``quantization`` engine argument (the
+engine quantizes at load and again on every reload)."""
+
+
 def family(label: str) -> Family:
     from harness.errors import CheckpointError
 
-    for f in ALL_FAMILIES:
+    for f in ALL_FAMILIES + ONLINE_QUANT_FAMILIES:
         if f.label == label:
             return f
-    raise CheckpointError(f"unknown zoo family {label!r}; available: {[f.label for f in ALL_FAMILIES]}")
+    known = [f.label for f in ALL_FAMILIES + ONLINE_QUANT_FAMILIES + QUANTIZED_FAMILIES + QUANT_FIXTURE_FAMILIES]
+    raise CheckpointError(f"unknown zoo family {label!r}; available: {known}")
+
+
+def quantized_family(label: str) -> QuantizedFamily | None:
+    return next((f for f in QUANTIZED_FAMILIES + QUANT_FIXTURE_FAMILIES if f.label == label), None)
 
 
 def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
-    """The family's tiny checkpoint, built once from its recipe and then read from the cache."""
+    """The family's tiny checkpoint, built once from its recipe and then read from the cache.
+    A quantized family is its float family's checkpoint written in its format."""
+    quant = quantized_family(label)
+    if quant is not None:
+        from harness.checkpoints.quantize import recipe_key, write_quantized
+
+        base = tiny_model(quant.base, seed, cache)
+        dest = cache / "models" / f"zoo-{quant.label}-{base.name.rsplit('-', 1)[-1]}-{recipe_key(quant.quantization)}"
+        return cached_variant(dest, lambda staging: write_quantized(base, quant.quantization, staging), _complete)
     fam = family(label)
     recipe = json.dumps(
         {

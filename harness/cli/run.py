@@ -127,9 +127,11 @@ def add_parsers(sub) -> None:
     run.add_argument("--resume", metavar="DIR", help="finish the run in DIR (its own spec), keeping finished arms")
     run.add_argument(
         "--executor",
-        choices=("ray", "local"),
-        default="ray",
-        help="ray: arms as Ray actors, independent ones at the same time; local: one by one here",
+        choices=("auto", "processes", "ray", "local"),
+        default="auto",
+        help="processes: independent arms at the same time, as processes of this machine (no Ray to "
+        "start); ray: as Ray actors; local: one by one here; auto (default): ray with --ray-address, "
+        "--ray-resource or a CUDA GPU, processes otherwise",
     )
     run.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     run.add_argument(
@@ -233,6 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             max_concurrent=args.max_parallel,
             custom_resources=resources,
             stage_checkpoints=args.stage_checkpoints,
+            ray=executor_is_ray(args.executor, args.ray_address, resources),
         )
     )
     if args.reuse_reference is None:
@@ -406,6 +409,22 @@ def accuracy_of(path: str | None):
     from harness.judge.accuracy import read_accuracy_file
 
     return None if path is None else read_accuracy_file(path)
+
+
+def executor_is_ray(executor: str, address: str | None, resources: tuple) -> bool:
+    """Whether arms run as Ray actors: asked for, or needed (a cluster, custom resources, GPUs
+    Ray hands out per arm); else as processes of this machine (``harness.orchestrate.processes``)."""
+    from harness.device import cuda_available
+
+    needs_ray = bool(address or resources)
+    if executor == "processes" and needs_ray:
+        raise UsageError(
+            "--executor processes runs arms on this machine without Ray: --ray-address and "
+            "--ray-resource need --executor ray (or auto)"
+        )
+    if executor == "processes" and cuda_available():
+        raise UsageError("--executor processes is for CPU machines: on CUDA, Ray gives each arm its GPUs")
+    return executor == "ray" or (executor == "auto" and (needs_ray or cuda_available()))
 
 
 def throughput_of(text: str | None) -> ThroughputSpec | None:

@@ -90,7 +90,11 @@ def evaluate(out: Path) -> Evaluation:
         control = renamed.get(planted, planted)
         env = dict(subject.environment)
         device = env.get("device", "cpu")
-        architecture = next((o.model.architecture for o in subject.observations), None)
+        # A cold start that raised observed nothing: the checkpoint says which model it is.
+        architecture = (
+            next((o.model.architecture for o in subject.observations), None) or record.checkpoints.architecture
+        )
+        kernels = next((o.model.quant_kernels for o in subject.observations), ())
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
@@ -129,7 +133,16 @@ def evaluate(out: Path) -> Evaluation:
             )
 
         if getattr(cls, "trains", False):
-            known = cls.known_issues_for(device, env.get("vllm"), architecture, record.spec.engine.dtype)
+            known = cls.known_issues_for(
+                device,
+                env.get("vllm"),
+                architecture,
+                record.spec.engine.dtype,
+                cpu_flags_of(subject, record),
+                kernels,
+                record.checkpoints.quantization,
+                record.checkpoints.tied_embeddings,
+            )
             found = trainer_step_verdicts(
                 path,
                 charged_to_segment(subject, path, order),
@@ -160,7 +173,14 @@ def evaluate(out: Path) -> Evaluation:
             record.spec.judge,
             fail_on_rebound,
             known=cls.known_issues_for(
-                device, env.get("vllm"), architecture, record.spec.engine.dtype, cpu_flags_of(subject, record)
+                device,
+                env.get("vllm"),
+                architecture,
+                record.spec.engine.dtype,
+                cpu_flags_of(subject, record),
+                kernels,
+                record.checkpoints.quantization,
+                record.checkpoints.tied_embeddings,
             ),
             require_cache_hits=cls.needs_cache_hits,
             graphs=graphs,

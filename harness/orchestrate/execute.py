@@ -247,6 +247,7 @@ def prepare(
             spec.control,
             sabotage=spec.sabotage,
             damage=spec.accuracy.damage if spec.accuracy else None,
+            online_quantization=spec.engine.vllm_kwargs().get("quantization"),
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
@@ -545,8 +546,9 @@ def _run_arms(
                     queue.clear()
         elif todo:
             from harness.orchestrate.fanout import run_arms
+            from harness.orchestrate.processes import run_arms_here
 
-            for arm, result in run_arms(todo, out, fan, started, env, keys):
+            for arm, result in (run_arms if fan.ray else run_arms_here)(todo, out, fan, started, env, keys):
                 finished(arm, result)
     finally:
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled

@@ -40,7 +40,7 @@ from harness.spec.transfer import arm_gpus
 
 @dataclass(frozen=True)
 class FanoutSpec:
-    """How arms are spread over Ray."""
+    """How arms are spread over Ray (or over this machine's CPUs without it)."""
 
     address: str | None = None
     """Ray address to join (``ray://...`` or ``auto``); None starts a local Ray for this run."""
@@ -53,6 +53,9 @@ class FanoutSpec:
     the nodes that offer it."""
     stage_checkpoints: bool | None = None
     """Copy checkpoints to each node through the object store; None: only when joining a cluster."""
+    ray: bool = True
+    """Arms as Ray actors; False: as processes of this machine, without Ray
+    (``harness.orchestrate.processes``: same limits, none of a local Ray's start-up)."""
 
 
 def check_ray_address(address: str | None, allow_remote: bool) -> None:
@@ -116,11 +119,29 @@ def cpu_thread_env(concurrent: int, tensor_parallel_size: int) -> dict[str, str]
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, cpus // concurrent))}
 
 
-def local_concurrency(fan: FanoutSpec) -> int:
-    cpus = os.cpu_count() or 1
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes a new process can have without swapping: Linux's ``MemAvailable``, which counts the
+    page cache the kernel gives back. Free pages alone (``SC_AVPHYS_PAGES``) are not that: on a
+    machine whose page cache has filled (this one after an hour: 4 GiB free of 21.5 GiB available)
+    they allowed one arm at a time where the CPUs hold two. None where neither can be read."""
     try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
+        return None
+
+
+def local_concurrency(fan: FanoutSpec) -> int:
+    """Arms at once on this machine: its CPUs, what its available memory holds at
+    ``fan.arm_memory_bytes`` each, and ``fan.max_concurrent``."""
+    cpus = os.cpu_count() or 1
+    available = available_memory()
+    if available is None:
         available = fan.arm_memory_bytes
     n = max(1, min(cpus, available // fan.arm_memory_bytes))
     return min(n, fan.max_concurrent) if fan.max_concurrent else n

@@ -132,7 +132,7 @@ def _scenario_out(config: pytest.Config) -> Path:
 
 
 def _group_evaluation(config: pytest.Config, group):
-    """Run a cell group's engines once per session, on Ray, and keep its evaluation."""
+    """Run a cell group's engines once per session (as processes on a CPU, on Ray with CUDA), and keep its evaluation."""
     from harness.orchestrate.fanout import FanoutSpec
     from harness.orchestrate.matrix import run_group
     from harness.orchestrate.reference import reuse_by_default
@@ -146,7 +146,7 @@ def _group_evaluation(config: pytest.Config, group):
             group,
             out,
             lambda m: None,
-            fan=FanoutSpec(),
+            fan=FanoutSpec(ray=cuda_available()),  # as the CLI's --executor auto: no Ray to start on a CPU
             model=config.getoption("--refit-model"),
             reuse_reference=reuse_by_default(),
         )

@@ -23,6 +23,8 @@ from harness.plan import ArmPlan
 from harness.records import ArmResult
 from harness.settings import RUN_MARKER, SCRATCH_ENV, arm_files, scratch_dir
 
+ARM_MODULE = "harness.arm.process"  # an arm runs as `python -m ARM_MODULE PLAN RESULT`
+
 
 def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None, key: str = "") -> ArmResult:
     plan_file, result_file, log_file = arm_files(workdir, arm)
@@ -41,7 +43,7 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     try:
         with open(log_file, "w") as log:
             proc = subprocess.Popen(
-                [python, "-m", "harness.arm.process", str(plan_file), str(result_file)],
+                [python, "-m", ARM_MODULE, str(plan_file), str(result_file)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

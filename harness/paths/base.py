@@ -117,11 +117,18 @@ class ReloadPath:
         architecture: str | None = None,
         dtype: str | None = None,
         cpu_flags: tuple[str, ...] | None = None,
+        kernels: tuple[str, ...] = (),
+        quantization: str | None = None,
+        tied_embeddings: bool | None = None,
     ) -> KnownIssue | None:
         """The known issue expected for a subject of this path on an arm's recorded device
-        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class, dtype and CPU capabilities:
-        an architecture's issue (``harness.spec.known_issues``) first, then the path's own."""
-        return next(iter(cls.known_issues_for(device, vllm_version, architecture, dtype, cpu_flags)), None)
+        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class, dtype, CPU capabilities
+        and quantized kernels: an architecture's or a kernel's issue (``harness.spec.known_issues``)
+        first, then the path's own."""
+        issues = cls.known_issues_for(
+            device, vllm_version, architecture, dtype, cpu_flags, kernels, quantization, tied_embeddings
+        )
+        return next(iter(issues), None)
 
     @classmethod
     def known_issues_for(
@@ -131,19 +138,33 @@ class ReloadPath:
         architecture: str | None = None,
         dtype: str | None = None,
         cpu_flags: tuple[str, ...] | None = None,
+        kernels: tuple[str, ...] = (),
+        quantization: str | None = None,
+        tied_embeddings: bool | None = None,
     ) -> tuple[KnownIssue, ...]:
-        """Every known issue expected for such a subject, an architecture's first: a cell can
-        hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format reload)."""
+        """Every known issue expected for such a subject, an architecture's or a kernel's first:
+        a cell can hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format
+        reload)."""
         from harness.spec.known_issues import KNOWN_ISSUES
 
         # A "skip" issue never reaches the judge: its path was not started (SKIPPED).
         expected = [k for k in KNOWN_ISSUES if k.outcome == "xfail"]
-        specific = [k for k in expected if k.architectures]
-        general = list(cls.known_issues) + [k for k in expected if not k.architectures]
+        specific = [k for k in expected if k.architectures or k.kernels or k.quantization]
+        general = list(cls.known_issues) + [k for k in expected if k not in specific]
         return tuple(
             k
             for k in specific + general
-            if k.applies(cls.name, device, vllm_version, architecture, dtype, cpu_flags=cpu_flags)
+            if k.applies(
+                cls.name,
+                device,
+                vllm_version,
+                architecture,
+                dtype,
+                cpu_flags=cpu_flags,
+                kernels=kernels,
+                quantization=quantization,
+                tied_embeddings=tied_embeddings,
+            )
         )
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:

@@ -18,6 +18,12 @@ FIXTURE_ARCHITECTURES = {
     "RootSizeNormQwen3ForCausalLM": "harness.worker.fixtures.models:RootSizeNormQwen3ForCausalLM",
 }
 
+FIXTURE_QUANT_METHODS = {
+    "refit_fixture_boot_max_scale": "harness.worker.fixtures.quant:BootMaxScaleConfig",
+    "refit_fixture_fresh_max_scale": "harness.worker.fixtures.quant:FreshMaxScaleConfig",
+}
+"""The planted quantized fixture's quantization methods (``quantization_config.quant_method``)."""
+
 
 def extra_architectures(value: str | None) -> dict[str, str]:
     pairs = {}

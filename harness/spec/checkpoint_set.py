@@ -29,6 +29,16 @@ class CheckpointSet:
     b_damaged: str | None = None
     """B heavily damaged (``--accuracy`` only): the accuracy probe's discriminating-power arm
     cold-starts on it."""
+    architecture: str | None = None
+    """``architectures[0]`` of A's config.json: the model class known issues are scoped on when no
+    engine ever observed the model (a cold start that raised). Older records: None."""
+    tied_embeddings: bool | None = None
+    """A's config.json ``tie_word_embeddings`` (``lm_head`` is the embedding), which known issues
+    can be scoped on; None where the config does not say and for older records."""
+    quantization: str | None = None
+    """A's quantization format (``checkpoints.quantize.describe``, e.g.
+    ``compressed-tensors/float/block``), which known issues can be scoped on; None for a float
+    checkpoint and older records."""
 
     control_scale: float = 1.01
     """The factor ``control_tensor`` is scaled by in B' (``ControlSpec.scale``); a trainer scales

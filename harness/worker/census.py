@@ -327,7 +327,50 @@ def probe_linear_kernels(model: nn.Module, unobserved: list[UnobservedRecord] | 
                     unobserved.append(UnobservedRecord(name, "kernel", _reason(exc)))
                 continue
             entries.append(CensusEntry(name, "kernel", out))
+            # A kernel may keep a derived copy of the bias that it reads only when given one
+            # (the CPU int8 AMX path's ``bias_fp32``; the W4A8 path converts ``bias`` to fp32):
+            # a second probe with the layer's own bias reaches it.
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.Tensor) and bias.numel() and bias.device.type != "meta":
+                with_bias = f"{mod_name}.<kernel-output+bias>"
+                try:
+                    entries.append(CensusEntry(with_bias, "kernel", method.apply(module, x, bias)))
+                except Exception as exc:
+                    if unobserved is not None:
+                        unobserved.append(UnobservedRecord(with_bias, "kernel", _reason(exc)))
     return entries
+
+
+_KERNEL_ATTRS = ("kernel", "fp8_linear", "linear_kernel")
+
+
+def quant_kernels(model: nn.Module) -> tuple[str, ...]:
+    """The quantized linear kernels the model's layers run, each as
+    ``<quant method or scheme>/<kernel class>[:<the kernel's chosen method>]``, sorted and
+    deduplicated, e.g. ``CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn``
+    (vLLM's CPU int8 kernel picks its AMX or oneDNN path per layer at load) or
+    ``AutoGPTQLinearMethod/CPUWNA16LinearKernel:w4a8`` (the int4 kernel's ``layer.use_w4a8``). Known
+    issues of one kernel path are scoped on these; unquantized layers are not listed."""
+    found = set()
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if (
+            method is None
+            or type(method).__name__ == "UnquantizedLinearMethod"
+            or not hasattr(module, "input_size_per_partition")
+        ):
+            continue
+        owner = getattr(module, "scheme", None) or method
+        kernel = next((k for a in _KERNEL_ATTRS if (k := getattr(owner, a, None)) is not None), None)
+        if kernel is None:
+            found.add(type(owner).__name__)
+            continue
+        chosen = getattr(kernel, "linear_method", None)
+        suffix = f":{getattr(chosen, '__name__', type(chosen).__name__)}" if chosen is not None else ""
+        if isinstance(getattr(module, "use_w4a8", None), bool):  # CPUWNA16's per-layer choice
+            suffix += ":w4a8" if module.use_w4a8 else ":w4a16"
+        found.add(f"{type(owner).__name__}/{type(kernel).__name__}{suffix}")
+    return tuple(sorted(found))
 
 
 def _reason(exc: BaseException) -> str:

@@ -9,7 +9,14 @@ from typing import Any
 
 from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
-from harness.worker.census import observe_entry, observe_number, probe_linear_kernels, walk_model, walk_numbers
+from harness.worker.census import (
+    observe_entry,
+    observe_number,
+    probe_linear_kernels,
+    quant_kernels,
+    walk_model,
+    walk_numbers,
+)
 from harness.worker.digest import resolve as resolve_digest
 from harness.worker.recorder import ConsumptionRecorder, name_consumed
 
@@ -131,6 +138,7 @@ class RefitObserver:
                 for (m, k), n in sorted(self._refit_harness_hook_calls.items())
             ),
             weight_names=tuple(sorted(_vllm_names(model, checkpoint_names or []).items())),
+            quant_kernels=quant_kernels(model),
         )
         return to_jsonable(census)
 

@@ -3,7 +3,7 @@
 vLLM loads it in every process it spawns (front end, engine core, workers), which is
 the only way a registration reaches the workers. It registers, lazily by
 ``module:Class``:
-- the harness's planted-bug fixture models;
+- the harness's planted-bug fixture models, and its planted quantization methods;
 - any architectures named in ``REFIT_HARNESS_MODELS`` (``Arch=module:Class`` pairs,
   comma-separated), so a user can test an out-of-tree model without an entry point
   of their own. The variable is inherited by every spawned process.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from harness.settings import EXTRA_MODELS_ENV
-from harness.spec.architectures import FIXTURE_ARCHITECTURES, extra_architectures
+from harness.spec.architectures import FIXTURE_ARCHITECTURES, FIXTURE_QUANT_METHODS, extra_architectures
 
 
 def register() -> None:
@@ -32,6 +32,22 @@ def register() -> None:
     for arch, target in wanted.items():
         if arch not in supported:
             ModelRegistry.register_model(arch, target)
+    register_fixture_quantization()
+
+
+def register_fixture_quantization() -> None:
+    """The planted quant methods, under their ``quant_method`` names. vLLM's registry takes a
+    class, not a ``module:Class`` string, so their module is imported here (it imports only
+    vLLM's quantization base classes)."""
+    import importlib
+
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, register_quantization_config
+
+    for name, target in FIXTURE_QUANT_METHODS.items():
+        if name in QUANTIZATION_METHODS:
+            continue  # the plugin runs once per process, but be idempotent
+        module, _, cls = target.partition(":")
+        register_quantization_config(name)(getattr(importlib.import_module(module), cls))
 
 
 def register_gloo_transfer() -> None:

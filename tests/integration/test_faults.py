@@ -27,7 +27,7 @@ import pytest
 
 from harness.checkpoints.prepare import prepare
 from harness.checkpoints.tiny import tiny_qwen3
-from harness.orchestrate.runner import run_processes
+from harness.orchestrate.runner import ARM_MODULE, run_processes
 from harness.settings import RUN_MARKER
 
 pytestmark = [pytest.mark.cpu]
@@ -85,6 +85,8 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
             "reload_weights,http_reload",
             "--out",
             str(out),
+            "--executor",
+            "ray",  # the arms as Ray actors: Ray's servers must listen on loopback only
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -190,7 +192,7 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
                 try:
                     p = psutil.Process(pid)
                     if "ray::ArmActor" in " ".join(p.cmdline()) and any(
-                        "arm_process" in " ".join(c.cmdline()) for c in p.children()
+                        ARM_MODULE in " ".join(c.cmdline()) for c in p.children()
                     ):
                         p.kill()
                         killed.append(pid)

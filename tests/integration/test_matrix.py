@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
+from harness.orchestrate.runner import ARM_MODULE
 
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ def _engine_core_of(arm_plan: Path):
     import psutil
 
     for proc in psutil.process_iter(["cmdline"]):
-        if f"arm_process {arm_plan}" in " ".join(proc.info["cmdline"] or []):
+        if f"{ARM_MODULE} {arm_plan}" in " ".join(proc.info["cmdline"] or []):
             for child in proc.children(recursive=True):
                 try:
                     if "EngineCore" in " ".join(child.cmdline()):

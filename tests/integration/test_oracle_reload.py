@@ -106,7 +106,9 @@ def test_stock_qwen3_passes_every_cpu_path_with_control_detected(stock):
     refit = refit[refit["path"].isin(PASSING_ON_CPU)]
     # NOISY: oneDNN handle pointers; UNJUDGEABLE: buffers built from the config, equal in A and B.
     assert set(refit["status"]) <= {"OK", "REBOUND", "NOISY", "UNJUDGEABLE"}
-    assert (refit["status"] == "OK").sum() > (refit["status"] == "UNJUDGEABLE").sum()
+    # Python numbers from the config (eps, scaling) are equal in A and B by construction: tensors only.
+    tensors = refit[refit["kind"] != "number"]
+    assert (tensors["status"] == "OK").sum() > (tensors["status"] == "UNJUDGEABLE").sum()
     assert set(refit[refit["status"] == "NOISY"]["tensor"].str.split("<").str[1]) == {"closure>.handler.handler_tensor"}
     tokens = rows(stock, "tokens.csv", check="refit")
     assert tokens[tokens["path"].isin(PASSING_ON_CPU)]["first_divergence"].isna().all()
@@ -130,7 +132,7 @@ def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock)
         "prefix_cache~sabotage"
     }
     html = (stock.out / "index.html").read_text()
-    assert "id='sabotage'" in html and "sabotage control" in (stock.out / "summary.md").read_text()
+    assert "id='sabotage'" in html and "its sabotaged twin was caught" in (stock.out / "summary.md").read_text()
 
 
 def test_http_weight_transfer_refits_with_requests_in_flight_that_finish_and_match_b(stock):

@@ -449,7 +449,9 @@ def test_ray_failing_to_start_is_one_line_and_exit_2(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(ray, "init", init_fails)
     # Three arms to schedule: with a cached reference only the subject would run, and one arm runs without Ray.
-    code = cli_module.main(["run", "--model", str(tiny_qwen3()), "--out", str(tmp_path / "o"), "--no-reuse-reference"])
+    code = cli_module.main(
+        ["run", "--model", str(tiny_qwen3()), "--out", str(tmp_path / "o"), "--no-reuse-reference", "--executor", "ray"]
+    )
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("refit-harness: error: ")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err

@@ -1,0 +1,128 @@
+"""The processes executor (``harness.orchestrate.processes``) without engines: each arm's
+"interpreter" is a shell script standing in for ``python -m harness.arm.process``, run by the
+real ``runner.run_arm`` (own process group, pid file, timeout, result record)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+
+import pytest
+
+from harness.cli.run import executor_is_ray
+from harness.errors import UsageError
+from harness.orchestrate.fanout import FanoutSpec
+from harness.orchestrate.processes import run_arms_here
+from harness.orchestrate.runner import run_processes
+from harness.settings import RUN_MARKER
+from harness.spec.build import BuildSpec
+from tests.unit.run_dirs import write_run
+
+FAN = FanoutSpec(arm_memory_bytes=1, ray=False)  # memory never the limit here: CPUs are
+
+
+def arms(tmp_path, body: str, tp: dict[str, int] | None = None):
+    """The four arms of a reload_weights + http_reload run, each running ``body`` (sh)."""
+    script = tmp_path / "fake-python"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    record = write_run(tmp_path / "run")
+    out = []
+    for a in record.plan.arms:
+        engine = dataclasses.replace(a.engine, tensor_parallel_size=(tp or {}).get(a.name, 1))
+        out.append(dataclasses.replace(a, build=BuildSpec("fake", str(script)), engine=engine, timeout_s=60))
+    return out, tmp_path / "run"
+
+
+def intervals(log) -> dict[str, tuple[float, float]]:
+    spans: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines():
+        _, when, plan = line.split()
+        spans.setdefault(plan.rsplit("/", 1)[-1].removesuffix(".plan.json"), []).append(float(when))
+    return {name: (min(t), max(t)) for name, t in spans.items()}
+
+
+def most_at_once(spans, weight=lambda name: 1) -> int:
+    points = sorted({t for span in spans.values() for t in span})
+    return max(sum(weight(n) for n, (s, e) in spans.items() if s <= t < e) for t in points)
+
+
+@pytest.fixture
+def two_cpus(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+
+def test_arms_run_two_at_a_time_on_two_cpus_and_a_tp2_arm_alone(tmp_path, two_cpus):
+    log = tmp_path / "log"
+    body = f'echo "start $(date +%s.%N) $3" >> {log}; sleep 0.6; echo "end $(date +%s.%N) $3" >> {log}\n'
+    plan, workdir = arms(tmp_path, body, tp={"subject-http_reload": 2})
+    started = []
+    results = dict((a.name, r) for a, r in run_arms_here(plan, workdir, FAN, started.append, {}))
+    assert set(results) == {a.name for a in plan} == {a.name for a in started}
+    # No result file: the stand-in never writes one, which run_arm records as the arm's error.
+    assert all(r.status == "error" and "before writing a result" in r.error for r in results.values())
+    spans = intervals(log)
+    assert set(spans) == set(results)
+    assert most_at_once(spans) == 2  # independent arms at the same time, never more than the CPUs
+    tp2 = spans["subject-http_reload"]
+    assert all(e <= tp2[0] or s >= tp2[1] for n, (s, e) in spans.items() if n != "subject-http_reload")
+
+
+def test_a_reference_that_fails_to_start_cancels_the_arms_not_started(tmp_path, two_cpus):
+    # Longest first: both subjects, then the reference in the first slot freed; the noise arm is
+    # still queued behind the slow subject when the reference fails.
+    body = 'case "$3" in *subject-reload_weights*) sleep 2;; *subject-*) sleep 0.2;; esac; exit 1\n'
+    plan, workdir = arms(tmp_path, body)
+    results = dict((a.name, r) for a, r in run_arms_here(plan, workdir, FAN, lambda arm: None, {}))
+    assert results["reference"].error.startswith("arm process exited with code 1")
+    assert results["noise"].error.startswith("cancelled: the reference arm (cold B) failed to start")
+
+
+def test_a_cancelled_run_kills_its_running_arms_and_keeps_their_records(tmp_path, two_cpus, monkeypatch):
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(RUN_MARKER, marker)  # inherited by the arms: how their groups are found
+    plan, workdir = arms(tmp_path, "sleep 60\n")
+    seen = []
+
+    def started(arm) -> None:
+        seen.append(arm.name)
+        if len(seen) == 2:
+            time.sleep(0.5)  # both arms are up
+            raise KeyboardInterrupt  # as Ctrl-C or the CLI's SIGTERM handler does
+
+    begun = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        list(run_arms_here(plan, workdir, FAN, started, {}))
+    assert time.monotonic() - begun < 20, "the running arms were not killed"
+    assert not run_processes(marker=marker), "an arm's process outlived the cancelled run"
+    first = seen[0]
+    assert (workdir / "arms" / f"{first}.result.json").is_file()
+    assert not list((workdir / "arms").glob("*.pid"))
+
+
+def test_the_default_executor_is_processes_on_a_cpu_and_ray_where_ray_is_needed():
+    assert executor_is_ray("auto", None, ()) is False
+    assert executor_is_ray("auto", "127.0.0.1:6379", ()) is True
+    assert executor_is_ray("auto", None, (("refit_worker", 1.0),)) is True
+    assert executor_is_ray("ray", None, ()) is True and executor_is_ray("processes", None, ()) is False
+    with pytest.raises(UsageError, match="need --executor ray"):
+        executor_is_ray("processes", "127.0.0.1:6379", ())
+
+
+def test_arms_at_once_count_the_page_cache_the_kernel_gives_back(tmp_path, two_cpus, monkeypatch):
+    """Measured here: 4.0 GiB free, 21.5 GiB available (page cache). Free pages alone allowed one
+    arm at a time on this 2-core machine, every run and every cell group."""
+    from harness.orchestrate import fanout
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24730624 kB\nMemFree:         4198484 kB\nMemAvailable:   22496416 kB\n")
+    assert fanout.available_memory(meminfo) == 22496416 * 1024
+    (tmp_path / "no-meminfo").write_text("nothing here\n")
+    assert fanout.available_memory(tmp_path / "no-meminfo") > 0  # free pages, where MemAvailable is missing
+    monkeypatch.setattr(fanout, "available_memory", lambda: 22496416 * 1024)
+    assert fanout.local_concurrency(FanoutSpec()) == 2  # 4 GiB an arm: the CPUs are the limit
+    assert fanout.local_concurrency(FanoutSpec(max_concurrent=1)) == 1
+    monkeypatch.setattr(fanout, "available_memory", lambda: 6 << 30)
+    assert fanout.local_concurrency(FanoutSpec()) == 1  # memory for one arm only
