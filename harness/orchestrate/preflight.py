@@ -38,6 +38,10 @@ def plan_cells(
         from harness.checkpoints.lora import prepare_adapters
 
         adapters = prepare_adapters(checkpoints.a, spec.lora, spec.lora_target, spec.perturb, False)
+    if any(n.trains for n in needs.values()) and not checkpoints.trainer_steps:
+        # The trainer's steps stand in as B: the preflight places and configures arms, it trains nothing.
+        steps = spec.trainer.steps + (1 if spec.sabotage else 0)
+        checkpoints = replace(checkpoints, trainer_steps=(checkpoints.b,) * steps)
     cells = []
     for n in gpus:
         unavailable = unavailable_paths(classes, spec.engine.tensor_parallel_size, n, cuda=True, packages=False)
