@@ -34,14 +34,18 @@ RL_PATHS = (
     "lora_inplace_prefix_cache",
     "lora_inplace_same_path",
     "lora_base_reload",
+    "http_weight_transfer",
+    "trainer_steps",
+    "trainer_steps_gloo",
 )
-"""The refit calls RL frameworks make that the lora/raw paths cover (issue 21)."""
+"""The refit calls RL frameworks make (issue 21): raw load_weights, LoRA in place, the RL HTTP
+API with requests in flight, a live trainer's parameters (over a callable RPC and over gloo)."""
 
 
 def rl_paths() -> ScenarioSpec:
     return ScenarioSpec(
         name="rl-paths",
-        description=f"the dense zoo families x the raw load_weights and LoRA paths, bf16 ({len(DENSE)} families)",
+        description=f"the dense zoo families x the RL frameworks' refit calls, bf16 ({len(DENSE)} families)",
         models=tuple(m for m in ZOO_MODELS if m.label in DENSE),
         paths=RL_PATHS,
         dtypes=("bfloat16",),
