@@ -417,6 +417,27 @@ def _consumed_by_key(obs: Observation | None) -> dict[ConsumedKey, ConsumedTenso
     return out
 
 
+def _common_steps(
+    subj: dict[ConsumedKey, ConsumedTensor], ref: dict[ConsumedKey, ConsumedTensor]
+) -> tuple[dict[ConsumedKey, ConsumedTensor], dict[ConsumedKey, ConsumedTensor]]:
+    """Both recordings cut to the occurrences both made of each (module, op, arg) that both ran.
+    Measured: the recorded prefill is one engine step on one side and two on the other, as the
+    scheduler happens to split it (an engine core of its own, under load); every weight is read in
+    each step, so the common steps judge them all. An op only one side ran stays MISSING or EXTRA."""
+    seen_s: dict[tuple[str, str, int], int] = {}
+    seen_r: dict[tuple[str, str, int], int] = {}
+    for key in subj:
+        seen_s[key[:3]] = max(seen_s.get(key[:3], 0), key[3])
+    for key in ref:
+        seen_r[key[:3]] = max(seen_r.get(key[:3], 0), key[3])
+
+    def keep(key: ConsumedKey) -> bool:
+        s, r = seen_s.get(key[:3], 0), seen_r.get(key[:3], 0)
+        return not (s and r) or key[3] <= min(s, r)
+
+    return {k: v for k, v in subj.items() if keep(k)}, {k: v for k, v in ref.items() if keep(k)}
+
+
 def compare_consumed(
     subject: Observation,
     reference: Observation,
@@ -428,7 +449,7 @@ def compare_consumed(
     """Every kernel input of the subject's recorded forward against the reference's. An input
     on which ``noise`` and ``noise_reference`` (two cold starts on the same weights; by default
     ``reference`` itself) disagree is NOISY."""
-    subj, ref = _consumed_by_key(subject), _consumed_by_key(reference)
+    subj, ref = _common_steps(_consumed_by_key(subject), _consumed_by_key(reference))
     wit, prev, noisy = _consumed_by_key(witness), _consumed_by_key(before), _consumed_by_key(noise)
     floor = _consumed_by_key(noise_reference) if noise_reference is not None else ref
     diffs = []

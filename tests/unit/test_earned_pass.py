@@ -54,6 +54,23 @@ def test_a_nan_kernel_input_is_a_difference_even_with_identical_bytes():
     assert diff.status is TensorStatus.CORRUPT
 
 
+def test_a_recording_of_one_more_engine_step_is_judged_on_the_steps_both_made():
+    step = (consumed("w", "new"), dataclasses.replace(consumed("norm", "n"), op="aten.add.Tensor"))
+    reference_obs = dataclasses.replace(obs("cold_B", B), consumed=step + step)  # the prefill in two steps
+    right = dataclasses.replace(obs("warm_B", B), consumed=step)
+    diffs = compare_consumed(right, reference_obs, witness=None, before=None, noise=None)
+    assert [d.status for d in diffs] == [TensorStatus.OK, TensorStatus.OK]
+    # A stale weight in the one step the subject recorded is still caught.
+    stale = dataclasses.replace(obs("warm_B", B), consumed=(consumed("w", "old"), step[1]))
+    diffs = compare_consumed(stale, reference_obs, witness=stale, before=None, noise=None)
+    assert [d.status for d in diffs] == [TensorStatus.STALE, TensorStatus.UNJUDGEABLE]  # norm: equal in the witness
+    # An op the subject never ran is still MISSING, however many steps either side recorded.
+    partial = dataclasses.replace(obs("warm_B", B), consumed=step[:1])
+    assert TensorStatus.MISSING in {
+        d.status for d in compare_consumed(partial, reference_obs, witness=None, before=None, noise=None)
+    }
+
+
 def test_kernel_inputs_and_tensors_share_one_ladder():
     # dtype and shape count for kernel inputs as they do for census tensors.
     wider = dataclasses.replace(consumed("w", "d"), dtype="bfloat16")
