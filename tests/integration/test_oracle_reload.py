@@ -196,8 +196,15 @@ def test_kernel_format_reload_leaves_exactly_the_cpu_linear_kernels_stale_a_know
         for i in (0, 1)
         for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
     }
-    assert set(failing["tensor"]) == linear | {"lm_head.<kernel-output>", "model.embed_tokens.<kernel-output>"}
-    assert set(failing["status"]) == {"STALE"}  # still the A weights: silently never updated
+    # The probes with the layer's own bias (qkv_proj has one): A's packed weight plus B's bias.
+    with_bias = {f"model.layers.{i}.self_attn.qkv_proj.<kernel-output+bias>" for i in (0, 1)}
+    assert set(failing["tensor"]) == linear | with_bias | {
+        "lm_head.<kernel-output>",
+        "model.embed_tokens.<kernel-output>",
+    }
+    status = dict(zip(failing["tensor"], failing["status"]))
+    assert {status[t] for t in set(status) - with_bias} == {"STALE"}  # still the A weights: never updated
+    assert {status[t] for t in with_bias} == {"CORRUPT"}  # equal to neither cold start
     assert p["positive_control"]["detected"]  # the norms it does copy are updated
 
 
