@@ -343,7 +343,10 @@ def test_rebound_kernel_input_is_caught_and_its_in_place_twin_passes(run_oracle,
     )
     p = run.summary["paths"]["reload_weights"]
     assert p["verdict"] == verdict, p["reasons"]
-    assert p["positive_control"]["localized_to"] == ["model.layers.0.self_attn.qkv_proj.<kernel-output>"]
+    assert p["positive_control"]["localized_to"] == [
+        "model.layers.0.self_attn.qkv_proj.<kernel-output>",
+        "model.layers.0.self_attn.qkv_proj.<kernel-output+bias>",  # the probe with the layer's own bias
+    ]
     copies = rows(run, "tensors.csv", check="refit")
     copies = copies[copies["tensor"].str.endswith("norm.weight_fp32")]
     assert len(copies) == 4 and set(copies["status"]) == ({"REBOUND"} if verdict == "FAIL" else {"OK"})
