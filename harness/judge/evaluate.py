@@ -32,6 +32,7 @@ from harness.plan import (
 from harness.records import ArmResult, ObservationLabel
 from harness.settings import arm_files
 from harness.spec.checkpoint_set import adapted_weight, trainer_target
+from harness.spec.known_issues import quantization_of
 from harness.spec.run import JudgePolicy
 
 
@@ -95,6 +96,7 @@ def evaluate(out: Path) -> Evaluation:
             next((o.model.architecture for o in subject.observations), None) or record.checkpoints.architecture
         )
         kernels = next((o.model.quant_kernels for o in subject.observations), ())
+        quantization = quantization_of(record.checkpoints.quantization, record.spec.engine.vllm_kwargs())
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
@@ -140,7 +142,7 @@ def evaluate(out: Path) -> Evaluation:
                 record.spec.engine.dtype,
                 cpu_flags_of(subject, record),
                 kernels,
-                record.checkpoints.quantization,
+                quantization,
                 record.checkpoints.tied_embeddings,
             )
             found = trainer_step_verdicts(
@@ -179,7 +181,7 @@ def evaluate(out: Path) -> Evaluation:
                 record.spec.engine.dtype,
                 cpu_flags_of(subject, record),
                 kernels,
-                record.checkpoints.quantization,
+                quantization,
                 record.checkpoints.tied_embeddings,
             ),
             require_cache_hits=cls.needs_cache_hits,

@@ -64,9 +64,10 @@ class KnownIssue:
     None: any. An issue of tied heads must not be expected (and XPASS) on an untied model of the
     same class."""
     quantization: tuple[str, ...] = ()
-    """Checkpoint quantization formats it applies to (``CheckpointSet.quantization``, e.g.
-    ``compressed-tensors/float/block``); empty: any checkpoint. For an issue that stops the engine
-    before the census can say which kernel ran."""
+    """Quantization formats it applies to (``CheckpointSet.quantization``, e.g.
+    ``compressed-tensors/float/block``; ``online/<method>`` for an engine that quantizes a float
+    checkpoint as it loads; ``UNQUANTIZED`` for neither); empty: any. For an issue that stops the
+    engine before the census can say which kernel ran, or one of unquantized kernels only."""
     tokens_only: bool = False
     """It explains a failure that only the tokens show, with every tensor and kernel input right
     and prefix-cache hits after the refit: outputs served from stale cached KV."""
@@ -101,7 +102,7 @@ class KnownIssue:
             return False
         if self.kernels and not any(want in ran for want in self.kernels for ran in kernels):
             return False
-        if self.quantization and quantization not in self.quantization:
+        if self.quantization and (quantization or UNQUANTIZED) not in self.quantization:
             return False
         if self.tied_embeddings is not None and tied_embeddings is not self.tied_embeddings:
             return False
@@ -164,6 +165,17 @@ MEASURED_MOE_PATHS = (
 IN_PLACE_PATHS = tuple(p for p in MEASURED_MOE_PATHS if p != "prefix_cache")
 
 
+UNQUANTIZED = "none"
+"""The quantization scope of an engine whose weights are not quantized (``KnownIssue.quantization``)."""
+
+
+def quantization_of(checkpoint_format: str | None, engine_kwargs: Mapping[str, object]) -> str | None:
+    """What a subject's weights are quantized by: the checkpoint's format, else an online method
+    of the engine (``quantization=fp8`` on a float checkpoint: ``online/fp8``), else None."""
+    online = engine_kwargs.get("quantization")
+    return checkpoint_format or (f"online/{online}" if online else None)
+
+
 def _cpu_fused_moe_reload(
     vllm: tuple[str, ...],
     architectures: tuple[str, ...],
@@ -179,6 +191,8 @@ def _cpu_fused_moe_reload(
         paths=paths,
         tensor_kinds=("parameter", "buffer", "attribute", "object", "closure", "kernel"),
         tensor_pattern=r"\.experts\.",
+        # The unquantized fused-MoE kernel (measured: an online-int8 Qwen3-MoE reloads right).
+        quantization=(UNQUANTIZED,),
         title=title,
         reason=reason,
     )

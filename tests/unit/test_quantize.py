@@ -288,7 +288,7 @@ def test_a_cpu_op_stub_and_a_missing_kernel_are_vllm_refusals():
 
 def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran():
     from harness.paths import PATHS
-    from harness.spec.known_issues import KNOWN_ISSUES
+    from harness.spec.known_issues import KNOWN_ISSUES, quantization_of
 
     issue = next(k for k in KNOWN_ISSUES if "CPUInt8ScaledMMLinearKernel:_apply_weights_onednn" in k.kernels)
     w4a8 = next(k for k in KNOWN_ISSUES if "CPUWNA16LinearKernel:w4a8" in k.kernels)
@@ -296,11 +296,19 @@ def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran(
     assert w4a8.applies("reload_weights", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran)
     assert not w4a8.applies("reload_weights", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran[:0])
     assert not w4a8.applies("reload_weights", "cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", kernels=ran)  # no bias
-    block = next(k for k in KNOWN_ISSUES if k.quantization)
     fp8_block = "compressed-tensors/float/block"
+    block = next(k for k in KNOWN_ISSUES if fp8_block in k.quantization)
     assert block.applies("http_reload", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", quantization=fp8_block)
     assert not block.applies("http_reload", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16")  # float checkpoint
     assert not block.applies("http_reload", "cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", quantization=fp8_block)
+    # The fused-MoE expert corruption is the unquantized kernel's: an online-int8 MoE expects nothing.
+    moe = next(
+        k for k in KNOWN_ISSUES if k.tensor_pattern == r"\.experts\." and "Qwen3MoeForCausalLM" in k.architectures
+    )
+    assert moe.applies("reload_weights", "cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16")
+    online = quantization_of(None, {"quantization": "int8_per_channel_weight_only"})
+    assert online == "online/int8_per_channel_weight_only" and quantization_of(fp8_block, {}) == fp8_block
+    assert not moe.applies("reload_weights", "cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16", quantization=online)
     onednn = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",)
     amx = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_sgl",)
     assert issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
