@@ -365,8 +365,9 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         dtypes=("bfloat16",),
         # The SGL kernel (and its float32 bias) is taken only where torch says amx_tile.
         cpu_capabilities=("amx_tile",),
-        tensor_kinds=("parameter",),
-        tensor_pattern=r"\.bias$",
+        # The bias itself, and the kernel probe that adds it (the weight's output is right).
+        tensor_kinds=("parameter", "kernel"),
+        tensor_pattern=r"(\.bias|\.<kernel-output\+bias>)$",
         title="CPU (AMX): reload_weights copies a float32 checkpoint's linear bias unrounded into the SGL "
         "kernel's float32 bias; a cold start rounds it to bf16 first",
         reason="On a CPU with AMX tiles, vLLM's CPU post-load hook runs small bf16 linears (weights up to 1 MiB) "

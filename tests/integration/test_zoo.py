@@ -52,7 +52,8 @@ def expected_reload_weights(label: str) -> str:
 
 @pytest.fixture(scope="module")
 def zoo(run_oracle):
-    only = [arg for label in TESTED for arg in ("--only", f"reload_weights[{label}-*")]
+    # "<label>-eager-*": not "<label>-tied-*", the tied variants' groups (their own run below).
+    only = [arg for label in TESTED for arg in ("--only", f"reload_weights[{label}-eager-*")]
     # And the compiled path on Llama, sharing that group's cold-B arms (see the bf16 test below),
     # and the kernel-format reload on Qwen3-MoE (its router is one module under two names).
     # And the prefix-cache path on DeepSeek-V2 (MLA), which vLLM's CPU backend turns off, and on
@@ -64,15 +65,15 @@ def zoo(run_oracle):
         "zoo",
         *only,
         "--only",
-        "compiled[llama-*",
+        "compiled[llama-eager-*",
         "--only",
-        "reload_kernel_format[qwen3-moe-*",
+        "reload_kernel_format[qwen3-moe-eager-*",
         "--only",
-        "prefix_cache[deepseek-v2-*",
+        "prefix_cache[deepseek-v2-eager-*",
         "--only",
-        "prefix_cache[mamba2-*",
+        "prefix_cache[mamba2-eager-*",
         "--only",
-        "reload_kernel_format[nemotron-h-*",
+        "reload_kernel_format[nemotron-h-eager-*",
     )
 
 
@@ -237,9 +238,17 @@ def test_a_parameter_saved_under_its_alias_is_reloaded_in_kernel_format(zoo):
         if r["path"] == "reload_kernel_format" and r["check"] == "refit"
     ]
     gate = [r for r in rows if r["tensor"].endswith("mlp.gate.weight")]
-    assert gate and all(r["status"] == "OK" for r in gate), gate
     wrong = {r["tensor"] for r in rows if r["status"] in ("STALE", "CORRUPT", "MISSING")}
-    assert wrong and all(".experts." in t for t in wrong), sorted(wrong)
+    if PACKED_GEMM:
+        # The router's bf16 weight lives in a packed GEMM here and its Parameter is left empty
+        # (UNJUDGEABLE): its kernel copies are the known packed-GEMM kernel-format issue.
+        assert gate and all(r["status"] == "UNJUDGEABLE" for r in gate), gate
+        packed = {t for t in wrong if "cpu_linear<closure>" in t or t.endswith("<kernel-output>")}
+        assert wrong - packed and all(".experts." in t for t in wrong - packed), sorted(wrong)
+        assert cell(zoo, "qwen3-moe")["paths"]["reload_kernel_format"]["verdict"] == "XFAIL"
+    else:
+        assert gate and all(r["status"] == "OK" for r in gate), gate
+        assert wrong and all(".experts." in t for t in wrong), sorted(wrong)
 
 
 def test_a_feature_vllm_turns_off_skips_the_path_with_vllms_reason(zoo):
