@@ -361,7 +361,9 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device="cpu",
         vllm=("==0.32.*",),
         architectures=("Qwen2ForCausalLM",),
-        paths=IN_PLACE_PATHS,
+        # Measured on every in-place path, and on the RL paths that load a float32 bias into a
+        # live engine (-s rl-paths, 2026-12-01).
+        paths=IN_PLACE_PATHS + ("http_weight_transfer", "trainer_steps", "trainer_steps_gloo", "lora_base_reload"),
         dtypes=("bfloat16",),
         # The SGL kernel (and its float32 bias) is taken only where torch says amx_tile.
         cpu_capabilities=("amx_tile",),
