@@ -14,7 +14,9 @@ The code follows the data, one way, across three processes:
   - ``builds/``: vLLM builds as venvs, and the comparison of two builds' runs.
   - ``report/``: HTML, Markdown, JSON and CSV, from an evaluation (records only).
 - Arm process (one engine's lifetime, ``python -m harness.arm.process``): ``arm/`` (the arm,
-  its engines, the weight-transfer trainer) runs the ``paths/`` (one kind of refit each).
+  its engines, the weight-transfer trainer) runs the ``paths/`` (one kind of refit each). On a
+  CPU, most arms are forked from a warm interpreter that imported vLLM once
+  (``arm/zygote.py``, started by ``orchestrate/forking.py``): the same program, 9-12 s sooner.
 - vLLM's worker processes: ``worker/`` (the worker extension, the tensor census, the
   kernel-input recorder, the planted-bug fixtures, the vLLM plugin, vLLM's private API).
 - Shared by every process (the contract between them): ``spec/`` (what to run), ``plan``,

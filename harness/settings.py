@@ -50,6 +50,11 @@ SCREENSHOTS_ENV = "REFIT_HARNESS_SCREENSHOTS"
 CPU_ISA_ENV = "REFIT_HARNESS_CPU_ISA"
 """The CPU capability level vLLM is made to see (``native``, ``avx512_bf16``, ``avx512``, ``avx2``):
 the default of ``--cpu-isa``; the arm sets it for every vLLM process it starts (``harness.cpu_isa``)."""
+FORK_ARMS_ENV = "REFIT_HARNESS_FORK_ARMS"
+"""``0`` starts every arm as a fresh ``python``; by default a CPU arm that a fresh process would
+run the same is forked from a warm interpreter that imported vLLM once (``harness.arm.zygote``)."""
+FORKED_ARM_ENV = "REFIT_HARNESS_FORKED_ARM"
+"""Set by the zygote in each arm it forks; the arm records it (``arm_process`` in its environment facts)."""
 
 DEFAULT_ARM_TIMEOUT_S = 900.0
 """An arm running longer than this is killed and marked ERROR."""

@@ -37,7 +37,7 @@ from harness.records import (
     RankRecording,
     UnobservedRecord,
 )
-from harness.settings import BUILD_ENV, OVERLAY_ENV, PATCHES_ENV
+from harness.settings import BUILD_ENV, FORKED_ARM_ENV, OVERLAY_ENV, PATCHES_ENV
 from harness.spec.run import PromptSpec
 
 
@@ -266,6 +266,8 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
         # speed is comparable across runs only on an unloaded machine: say how loaded it was
         ("load_average", f"{os.getloadavg()[0]:.2f}"),
         ("cpus", str(os.cpu_count() or 1)),
+        # forked from the run's warm interpreter (harness.arm.zygote), or a fresh python
+        ("arm_process", "forked" if os.environ.get(FORKED_ARM_ENV) else "fresh"),
     ]
     try:  # setuptools-scm/vcs-versioning record the commit of a source build (None for PyPI wheels)
         from vllm import _version

@@ -462,8 +462,9 @@ def _run_arms(
     claims: contextlib.ExitStack,
     events: ArmEvents | None,
 ) -> None:
-    from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
-    from harness.settings import arm_files
+    from harness.orchestrate.forking import shared_forker
+    from harness.orchestrate.runner import arm_base_env, kill_recorded_groups, run_arm, store_error
+    from harness.settings import ARMS_DIR, arm_files
 
     arms = record.plan.arms
     env = dict(record.arm_env)
@@ -522,6 +523,9 @@ def _run_arms(
         store_reference()
 
     store_reference()  # a resumed run may have both already
+    # CPU arms fork from one warm interpreter instead of importing vLLM each (harness.orchestrate.forking),
+    # kept for this process's later runs (a scenario's cell groups); one arm alone gains nothing.
+    forker = shared_forker(arm_base_env(env), out / ARMS_DIR) if len(todo) > 1 else None
     try:
         if fan is None or (len(todo) == 1 and not fan.address):
             # One arm needs no scheduling: starting a local Ray for it would only add seconds.
@@ -529,7 +533,7 @@ def _run_arms(
             while queue:
                 arm = queue.pop(0)
                 started(arm)
-                result = run_arm(arm, out, env, keys[arm.name])
+                result = run_arm(arm, out, env, keys[arm.name], forker)
                 finished(arm, result)
                 if arm.role == "reference" and not result.observations:
                     for queued in queue:
@@ -548,7 +552,11 @@ def _run_arms(
             from harness.orchestrate.fanout import run_arms
             from harness.orchestrate.processes import run_arms_here
 
-            for arm, result in (run_arms if fan.ray else run_arms_here)(todo, out, fan, started, env, keys):
+            if fan.ray:
+                finishing = run_arms(todo, out, fan, started, env, keys)
+            else:
+                finishing = run_arms_here(todo, out, fan, started, env, keys, forker)
+            for arm, result in finishing:
                 finished(arm, result)
     finally:
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled

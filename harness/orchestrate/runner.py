@@ -19,6 +19,7 @@ from pathlib import Path
 
 from harness import store
 from harness.builds import venvs as builds
+from harness.orchestrate.forking import ArmForker, ForkedArm
 from harness.plan import ArmPlan
 from harness.records import ArmResult
 from harness.settings import RUN_MARKER, SCRATCH_ENV, arm_files, scratch_dir
@@ -26,7 +27,13 @@ from harness.settings import RUN_MARKER, SCRATCH_ENV, arm_files, scratch_dir
 ARM_MODULE = "harness.arm.process"  # an arm runs as `python -m ARM_MODULE PLAN RESULT`
 
 
-def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None, key: str = "") -> ArmResult:
+def run_arm(
+    arm: ArmPlan,
+    workdir: Path,
+    extra_env: dict[str, str] | None = None,
+    key: str = "",
+    forker: ArmForker | None = None,
+) -> ArmResult:
     plan_file, result_file, log_file = arm_files(workdir, arm)
     store.dump(arm, plan_file, "arm_plan")
     result_file.unlink(missing_ok=True)
@@ -35,15 +42,17 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     scratch.mkdir(parents=True)
     pid_file = plan_file.with_name(f"{arm.name}.pid")
     started = time.monotonic()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **{SCRATCH_ENV: str(scratch.resolve())}, **(extra_env or {}))
+    env = dict(arm_base_env(extra_env), **{SCRATCH_ENV: str(scratch.resolve())})
     # A named build: its interpreter, with the harness made importable there (see harness.builds.venvs).
     env.update(builds.build_env(arm.build))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if arm.engine.engine_core_process else "0"
     python = arm.build.python if arm.build and arm.build.python else sys.executable
     try:
         with open(log_file, "w") as log:
-            proc = subprocess.Popen(
-                [python, "-m", ARM_MODULE, str(plan_file), str(result_file)],
+            argv = [str(plan_file), str(result_file)]
+            forked = forker.launch(argv, log_file, env) if forker and forker.can_fork(arm, env, python) else None
+            proc = forked or subprocess.Popen(
+                [python, "-m", ARM_MODULE, *argv],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -86,6 +95,11 @@ def run_arm(arm: ArmPlan, workdir: Path, extra_env: dict[str, str] | None = None
     result = replace(result, key=key)
     store.dump(result, result_file, "arm_result")
     return result
+
+
+def arm_base_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """What every arm of a run runs with, before its own scratch directory and engine mode."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
 
 
 def store_error(arm: ArmPlan, workdir: Path, message: str, key: str = "") -> ArmResult:
@@ -143,7 +157,7 @@ def run_processes(pgid: int | None = None, marker: str | None = None) -> list[in
     return found
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen | ForkedArm) -> None:
     """Kill the arm and everything it spawned (vLLM's engine core and workers, a ``vllm
     serve`` and its engine core: all stay in the arm's process group)."""
     try:

@@ -14,24 +14,28 @@ from pathlib import Path
 import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
-from harness.orchestrate.runner import ARM_MODULE
 
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _engine_core_of(arm_plan: Path):
-    """The ``VLLM::EngineCore`` process under the arm running ``arm_plan``, once it exists."""
+    """The ``VLLM::EngineCore`` process under the arm running ``arm_plan``, once it exists (the
+    arm is found by the pid file the runner writes beside its plan: a forked arm's command line
+    is its zygote's)."""
     import psutil
 
-    for proc in psutil.process_iter(["cmdline"]):
-        if f"{ARM_MODULE} {arm_plan}" in " ".join(proc.info["cmdline"] or []):
-            for child in proc.children(recursive=True):
-                try:
-                    if "EngineCore" in " ".join(child.cmdline()):
-                        return child
-                except psutil.Error:
-                    continue
+    try:
+        arm = psutil.Process(int(arm_plan.with_name(arm_plan.name.replace(".plan.json", ".pid")).read_text()))
+        children = arm.children(recursive=True)
+    except (OSError, ValueError, psutil.Error):
+        return None
+    for child in children:
+        try:
+            if "EngineCore" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:
+            continue
     return None
 
 

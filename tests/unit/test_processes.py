@@ -71,13 +71,18 @@ def test_arms_run_two_at_a_time_on_two_cpus_and_a_tp2_arm_alone(tmp_path, two_cp
 
 
 def test_a_reference_that_fails_to_start_cancels_the_arms_not_started(tmp_path, two_cpus):
-    # Longest first: both subjects, then the reference in the first slot freed; the noise arm is
-    # still queued behind the slow subject when the reference fails.
-    body = 'case "$3" in *subject-reload_weights*) sleep 2;; *subject-*) sleep 0.2;; esac; exit 1\n'
+    # Longest first, the noise floor before the reference among equals: the slow subject and the
+    # noise arm, then the reference in the first slot freed; the short subject is still queued
+    # behind the slow one when the reference fails.
+    body = 'case "$3" in *subject-reload_weights*) sleep 2;; *noise*) sleep 0.2;; esac; exit 1\n'
     plan, workdir = arms(tmp_path, body)
-    results = dict((a.name, r) for a, r in run_arms_here(plan, workdir, FAN, lambda arm: None, {}))
+    cold = next(a for a in plan if a.name == "reference").steps
+    plan = [dataclasses.replace(a, steps=cold[:1]) if a.name == "subject-http_reload" else a for a in plan]
+    order = []
+    results = dict((a.name, r) for a, r in run_arms_here(plan, workdir, FAN, lambda arm: order.append(arm.name), {}))
+    assert order == ["subject-reload_weights", "noise", "reference"]
     assert results["reference"].error.startswith("arm process exited with code 1")
-    assert results["noise"].error.startswith("cancelled: the reference arm (cold B) failed to start")
+    assert results["subject-http_reload"].error.startswith("cancelled: the reference arm (cold B) failed to start")
 
 
 def test_a_cancelled_run_kills_its_running_arms_and_keeps_their_records(tmp_path, two_cpus, monkeypatch):

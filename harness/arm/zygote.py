@@ -1,0 +1,146 @@
+"""A warm interpreter that forks arms: ``python -m harness.arm.zygote SOCKET``.
+
+Importing vLLM takes 9-12 s of one core on the 2-core CI machine, of an arm's 13 s with
+the tiny models the suite runs (measured: ``from vllm import LLM`` alone, 11.8 s; a forked arm
+of the embedded Qwen3, 4.3 s). The zygote imports vLLM, torch and the arm's modules once per
+run, and then forks each arm from that state. The forked arm is the same program as
+``python -m harness.arm.process PLAN RESULT``: it leads a process group of its own, writes its
+own log, takes the arm's environment (``RUN_MARKER`` included), and is named ``refit-arm``.
+
+Per request (one JSON line on a connection of the Unix socket) the zygote forks a waiter,
+which forks the arm, answers ``{"pid": ARM}`` and, when the arm ends, ``{"exit": CODE}``
+(a negative code for a signal, as ``subprocess`` says it). The waiter kills the arm's group
+when the connection closes without an answer being read (the parent died), and the zygote
+ends when its parent does. Only what is read at import time must be the same for every arm
+a zygote forks: the parent starts one per environment (``harness.orchestrate.forking``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from harness.settings import FORKED_ARM_ENV
+
+_PRELOAD = ("torch", "vllm", "harness.arm.process", "harness.arm.engines", "harness.worker.extension")
+
+
+def preload() -> None:
+    import importlib
+
+    for name in _PRELOAD:
+        importlib.import_module(name)
+    from vllm import LLM, SamplingParams  # noqa: F401  (vLLM's lazy top-level names load most of it)
+
+
+def serve(path: str) -> None:
+    parent = os.getppid()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the kernel
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(16)
+    os.rename(path + ".tmp", path)  # ready: the parent connects once the name exists
+    while os.getppid() == parent:
+        ready, _, _ = select.select([listener], [], [], 0.5)
+        if not ready:
+            continue
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            _wait_for_arm(conn)  # never returns
+        conn.close()
+
+
+def _read_request(conn: socket.socket) -> dict:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            os._exit(0)
+        data += chunk
+    return json.loads(data)
+
+
+def _wait_for_arm(conn: socket.socket) -> None:
+    """The waiter: fork the arm, say its pid and then its exit code."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    request = _read_request(conn)
+    arm = os.fork()
+    if arm == 0:
+        conn.close()
+        _run_arm(request)  # never returns
+    conn.sendall(json.dumps({"pid": arm}).encode() + b"\n")
+    while True:
+        done, status = os.waitpid(arm, os.WNOHANG)
+        if done:
+            try:
+                conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            finally:
+                os._exit(0)
+        readable, _, _ = select.select([conn], [], [], 0.2)
+        if readable and not conn.recv(1):  # the parent is gone: so is its arm
+            try:
+                os.killpg(arm, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            os.waitpid(arm, 0)
+            os._exit(0)
+
+
+def _run_arm(request: dict) -> None:
+    """The arm: what ``python -m harness.arm.process PLAN RESULT`` does, in this warm process."""
+    import atexit
+    import traceback
+
+    os.setsid()
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ[FORKED_ARM_ENV] = "1"
+    argv = [request["plan"], request["result"]]
+    sys.argv = ["harness.arm.process", *argv]
+    # Named in `ps -o comm` only: setproctitle would also blank /proc/PID/environ, where a
+    # cancelled run finds its arms by their run marker (harness.orchestrate.runner.run_processes).
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text("refit-arm")
+    code = 1
+    try:
+        from harness.arm.process import main
+
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    started = time.monotonic()
+    preload()
+    print(f"refit-harness zygote: preloaded in {time.monotonic() - started:.1f} s", flush=True)
+    serve(argv[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+"""Arms forked from the run's warm interpreter (``harness.arm.zygote``) on real engines: the
+reference and the subject fork, the noise floor starts fresh, the verdict is earned, a forked
+arm carries the run's marker where a cancelled run looks for it, and nothing outlives the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from harness import store
+from harness.checkpoints.tiny import tiny_qwen3
+from harness.orchestrate.runner import run_processes
+from harness.records import ArmResult
+from harness.settings import RUN_MARKER
+
+pytestmark = [pytest.mark.cpu]
+
+
+def test_forked_arms_earn_the_same_pass_and_leave_nothing_running(tmp_path):
+    marker, out = uuid.uuid4().hex, tmp_path / "run"
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--model", str(tiny_qwen3()), "--paths", "reload_weights"]
+    proc = subprocess.Popen(
+        [*cmd, "--no-reuse-reference", "--out", str(out)],
+        env=dict(os.environ, **{RUN_MARKER: marker}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    # While the arms run: each one the runner recorded carries the marker in /proc/PID/environ,
+    # every time it is looked at.
+    seen: dict[str, list[bool]] = {}
+    while proc.poll() is None:
+        for pid_file in (out / "arms").glob("*.pid"):
+            try:
+                pid = int(pid_file.read_text())
+                found = pid in run_processes(marker=marker)
+                if _running(pid):  # not gone (or a zombie) in the meantime
+                    seen.setdefault(pid_file.stem, []).append(found)
+            except (OSError, ValueError):
+                continue
+        time.sleep(0.1)
+    output = proc.communicate()[0]
+    assert proc.returncode == 0, output
+    assert seen.get("subject-reload_weights") and all(map(all, seen.values())), f"an arm without its marker: {seen}"
+    summary = json.loads((out / "summary.json").read_text())
+    verdict = summary["paths"]["reload_weights"]
+    assert verdict["verdict"] == "PASS" and verdict["positive_control"]["detected"], verdict
+    started = {}
+    for role in ("reference", "noise", "subject-reload_weights"):
+        result = store.load(ArmResult, out / "arms" / f"{role}.result.json", "arm_result")
+        started[role] = dict(result.environment)["arm_process"]
+    assert started == {"reference": "forked", "noise": "fresh", "subject-reload_weights": "forked"}
+    assert "preloaded in" in (out / "arms" / "zygote.log").read_text()
+    deadline = time.monotonic() + 10
+    while run_processes(marker=marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not run_processes(marker=marker), "the zygote or an arm outlived the run"
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
