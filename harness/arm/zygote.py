@@ -108,7 +108,8 @@ def _run_arm(request: dict) -> None:
     os.close(log)
     os.close(null)
     os.chdir(request["cwd"])
-    os.environ.clear()
+    # The zygote's environment, as its interpreter (a build's launcher too) started it, and the
+    # arm's own variables on top (harness.orchestrate.forking sends only those).
     os.environ.update(request["env"])
     os.environ[FORKED_ARM_ENV] = "1"
     argv = [request["plan"], request["result"]]

@@ -462,9 +462,8 @@ def _run_arms(
     claims: contextlib.ExitStack,
     events: ArmEvents | None,
 ) -> None:
-    from harness.orchestrate.forking import shared_forker
-    from harness.orchestrate.runner import arm_base_env, kill_recorded_groups, run_arm, store_error
-    from harness.settings import ARMS_DIR, arm_files
+    from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
+    from harness.settings import arm_files
 
     arms = record.plan.arms
     env = dict(record.arm_env)
@@ -523,9 +522,9 @@ def _run_arms(
         store_reference()
 
     store_reference()  # a resumed run may have both already
-    # CPU arms fork from one warm interpreter instead of importing vLLM each (harness.orchestrate.forking),
+    # CPU arms fork from a warm interpreter instead of importing vLLM each (harness.orchestrate.forking),
     # kept for this process's later runs (a scenario's cell groups); one arm alone gains nothing.
-    forker = shared_forker(arm_base_env(env), out / ARMS_DIR) if len(todo) > 1 else None
+    fork = len(todo) > 1
     try:
         if fan is None or (len(todo) == 1 and not fan.address):
             # One arm needs no scheduling: starting a local Ray for it would only add seconds.
@@ -533,7 +532,7 @@ def _run_arms(
             while queue:
                 arm = queue.pop(0)
                 started(arm)
-                result = run_arm(arm, out, env, keys[arm.name], forker)
+                result = run_arm(arm, out, env, keys[arm.name], fork)
                 finished(arm, result)
                 if arm.role == "reference" and not result.observations:
                     for queued in queue:
@@ -555,7 +554,7 @@ def _run_arms(
             if fan.ray:
                 finishing = run_arms(todo, out, fan, started, env, keys)
             else:
-                finishing = run_arms_here(todo, out, fan, started, env, keys, forker)
+                finishing = run_arms_here(todo, out, fan, started, env, keys, fork)
             for arm, result in finishing:
                 finished(arm, result)
     finally:

@@ -5,26 +5,25 @@ forked one starts its engine at once (``harness.arm.zygote``). The parent still 
 vLLM: it starts the zygote as ``python -m harness.arm.zygote SOCKET`` and asks it for arms.
 
 An arm is forked only when a fresh process would be the same program, so the numerics cannot
-differ:
+differ. The zygote runs the arm's own interpreter (a named build's launcher too) with the arm's
+environment less ``PER_ARM_ENV``, which nothing reads before the arm's own code runs: one zygote
+per (interpreter, environment), so whatever is read at import time (thread placement and
+``OMP_NUM_THREADS`` when torch loads, a build's ``PYTHONPATH`` and patches) is the arm's own.
+Never forked:
 
-- this interpreter, no named build (a build has its own ``python``);
-- no CPU-ISA override (ATen and oneDNN read their caps when torch loads);
-- no CUDA (CUDA runs go through Ray, and CUDA does not survive a fork);
-- the arm's environment equals the zygote's but for ``PER_ARM_ENV``, which are read after
-  the arm starts (thread placement, ``OMP_NUM_THREADS``, is read when torch loads, and is a
-  part of the zygote's environment);
-- ``REFIT_HARNESS_FORK_ARMS`` is not ``0``.
+- an arm with a CPU-ISA override (``prepare_arm`` masks torch's view of the CPU before vLLM
+  imports its kernel library);
+- on CUDA (CUDA runs go through Ray, and CUDA does not survive a fork);
+- the noise floor: it is what two independent cold starts differ in, and that includes state
+  that holds addresses (oneDNN's packed handlers). Forked siblings share one address layout, so
+  two forked cold starts agree on it where two fresh ones do not (measured: with the noise arm
+  forked too, the stock reload_weights cell FAILs on
+  ``qkv_proj.cpu_linear<closure>.handler.handler_tensor``);
+- anything, with ``REFIT_HARNESS_FORK_ARMS=0``.
 
-A noise arm is always a fresh process. The noise floor is what two independent cold starts
-differ in, and that includes state that holds addresses (oneDNN's packed handlers): forked
-siblings share one address layout, so two forked cold starts agree on it where two fresh ones
-do not (measured: with the noise arm forked too, the stock reload_weights cell FAILs on
-``qkv_proj.cpu_linear<closure>.handler.handler_tensor``).
-
-Anything else starts as before; so does every arm after the zygote failed to start. A process
-keeps one zygote per environment for all its runs (``shared_forker``: a scenario's cell groups
-run one after another in the CLI), and ends them when it exits; a zygote also ends by itself
-when its parent dies.
+Everything else starts as before; so does every arm after its zygote failed to start. A process
+keeps its zygotes for all its runs (a scenario's cell groups run one after another in the CLI)
+and ends them when it exits; a zygote also ends by itself when its parent dies.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -89,9 +87,10 @@ class ForkedArm:
 
 
 class ArmForker:
-    """One zygote for the arms of a run that share ``base_env``; started at the first arm."""
+    """One zygote for the arms that share an interpreter and ``base_env``; started at the first."""
 
-    def __init__(self, base_env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, python: str, base_env: dict[str, str], log_dir: Path) -> None:
+        self.python = python
         self.base_env = base_env
         self.log_dir = log_dir
         self._lock = threading.Lock()
@@ -99,13 +98,10 @@ class ArmForker:
         self._socket: Path | None = None
         self._failed: str | None = None
 
-    def can_fork(self, arm: ArmPlan, env: dict[str, str], python: str) -> bool:
+    def can_fork(self, arm: ArmPlan) -> bool:
         if os.environ.get(FORK_ARMS_ENV, "1") == "0" or self._failed:
             return False
-        if arm.role in FRESH_ROLES or python != sys.executable or arm.engine.cpu_isa != NATIVE or cuda_available():
-            return False
-        keys = (set(env) | set(self.base_env)) - PER_ARM_ENV
-        return all(env.get(k) == self.base_env.get(k) for k in keys)
+        return arm.role not in FRESH_ROLES and arm.engine.cpu_isa == NATIVE and not cuda_available()
 
     def launch(self, arm_argv: list[str], log_file: Path, env: dict[str, str]) -> ForkedArm | None:
         """The forked arm, or None when the zygote cannot be had (the caller starts it fresh)."""
@@ -119,7 +115,9 @@ class ArmForker:
                 "plan": arm_argv[0],
                 "result": arm_argv[1],
                 "log": str(log_file),
-                "env": env,
+                # Only what differs from the zygote's own: a build's launcher adds to the
+                # environment it starts the zygote with (PYTHONPATH, its markers), and those stay.
+                "env": {k: v for k, v in env.items() if self.base_env.get(k) != v},
                 "cwd": os.getcwd(),
             }
             conn.sendall(json.dumps(request).encode() + b"\n")
@@ -150,7 +148,7 @@ class ArmForker:
         self._socket = Path(tempfile.mkdtemp(prefix="refit-zygote-")) / "s"
         with open(self.log_dir / "zygote.log", "w") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", ZYGOTE_MODULE, str(self._socket)],
+                [self.python, "-m", ZYGOTE_MODULE, str(self._socket)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -175,16 +173,18 @@ class ArmForker:
         self.close()
 
 
-_SHARED: dict[tuple[tuple[str, str], ...], ArmForker] = {}
+_SHARED: dict[tuple[str, tuple[tuple[str, str], ...]], ArmForker] = {}  # (interpreter, environment) -> forker
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_forker(base_env: dict[str, str], log_dir: Path) -> ArmForker:
-    """This process's forker for ``base_env``; the first run to ask keeps the zygote's log."""
-    key = tuple(sorted(base_env.items()))
+def forker_for(python: str, env: dict[str, str], log_dir: Path) -> ArmForker:
+    """This process's forker for an arm run by ``python`` with ``env``; the first run to ask
+    keeps the zygote's log."""
+    base = {k: v for k, v in env.items() if k not in PER_ARM_ENV}
+    key = (python, tuple(sorted(base.items())))
     with _SHARED_LOCK:
         if key not in _SHARED:
-            _SHARED[key] = ArmForker(base_env, log_dir)
+            _SHARED[key] = ArmForker(python, base, log_dir)
         return _SHARED[key]
 
 

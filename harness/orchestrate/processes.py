@@ -11,7 +11,8 @@ running arm waits on its process instead, and the same limits hold as on a local
   as the machine's CPUs hold (an arm wider than the machine runs alone);
 - memory: no more arms at once than free memory holds at ``FanoutSpec.arm_memory_bytes`` each
   (``harness.orchestrate.fanout.local_concurrency``), and at most ``max_concurrent``;
-- order: longest first (noise arms first among equals, ``harness.orchestrate.forking``), and a reference that fails to start cancels the arms not started.
+- order: longest first (noise arms first among equals, ``harness.orchestrate.forking``), and a
+  reference that fails to start cancels the arms not started.
 
 CPU machines only: on CUDA, Ray gives each arm its GPUs, so the CLI's default picks Ray there
 (and for ``--ray-address`` or ``--ray-resource``).
@@ -25,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from harness.orchestrate.fanout import FanoutSpec, local_concurrency
-from harness.orchestrate.forking import FRESH_ROLES, ArmForker
+from harness.orchestrate.forking import FRESH_ROLES
 from harness.plan import ArmPlan
 from harness.records import ArmResult
 
@@ -42,7 +43,7 @@ def run_arms_here(
     started: Callable[[ArmPlan], None],
     env: dict[str, str],
     keys: dict[str, str] | None = None,
-    forker: ArmForker | None = None,
+    fork: bool = False,
 ) -> Iterator[tuple[ArmPlan, ArmResult]]:
     """Yield (arm, result) as arms finish, every result on disk first (as ``fanout.run_arms``).
     When the caller stops (Ctrl-C, SIGTERM), the arms still running are killed, and their
@@ -63,7 +64,7 @@ def run_arms_here(
             while queue and len(running) < at_once and (not running or used + cpus_of(queue[0], cpus) <= cpus):
                 arm = queue.pop(0)
                 started(arm)
-                running[pool.submit(run_arm, arm, workdir, env, keys.get(arm.name, ""), forker)] = arm
+                running[pool.submit(run_arm, arm, workdir, env, keys.get(arm.name, ""), fork)] = arm
                 used += cpus_of(arm, cpus)
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for future in done:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from harness import store
 from harness.builds import venvs as builds
-from harness.orchestrate.forking import ArmForker, ForkedArm
+from harness.orchestrate.forking import ForkedArm, forker_for
 from harness.plan import ArmPlan
 from harness.records import ArmResult
-from harness.settings import RUN_MARKER, SCRATCH_ENV, arm_files, scratch_dir
+from harness.settings import ARMS_DIR, RUN_MARKER, SCRATCH_ENV, arm_files, scratch_dir
 
 ARM_MODULE = "harness.arm.process"  # an arm runs as `python -m ARM_MODULE PLAN RESULT`
 
@@ -32,8 +32,10 @@ def run_arm(
     workdir: Path,
     extra_env: dict[str, str] | None = None,
     key: str = "",
-    forker: ArmForker | None = None,
+    fork: bool = False,
 ) -> ArmResult:
+    """Run one arm to its end and store its result. ``fork``: start it from a warm interpreter
+    where that is the same program (``harness.orchestrate.forking``)."""
     plan_file, result_file, log_file = arm_files(workdir, arm)
     store.dump(arm, plan_file, "arm_plan")
     result_file.unlink(missing_ok=True)
@@ -42,7 +44,7 @@ def run_arm(
     scratch.mkdir(parents=True)
     pid_file = plan_file.with_name(f"{arm.name}.pid")
     started = time.monotonic()
-    env = dict(arm_base_env(extra_env), **{SCRATCH_ENV: str(scratch.resolve())})
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{SCRATCH_ENV: str(scratch.resolve())}, **(extra_env or {}))
     # A named build: its interpreter, with the harness made importable there (see harness.builds.venvs).
     env.update(builds.build_env(arm.build))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if arm.engine.engine_core_process else "0"
@@ -50,7 +52,8 @@ def run_arm(
     try:
         with open(log_file, "w") as log:
             argv = [str(plan_file), str(result_file)]
-            forked = forker.launch(argv, log_file, env) if forker and forker.can_fork(arm, env, python) else None
+            forker = forker_for(python, env, workdir / ARMS_DIR) if fork else None
+            forked = forker.launch(argv, log_file, env) if forker and forker.can_fork(arm) else None
             proc = forked or subprocess.Popen(
                 [python, "-m", ARM_MODULE, *argv],
                 stdout=log,
@@ -95,11 +98,6 @@ def run_arm(
     result = replace(result, key=key)
     store.dump(result, result_file, "arm_result")
     return result
-
-
-def arm_base_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    """What every arm of a run runs with, before its own scratch directory and engine mode."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
 
 
 def store_error(arm: ArmPlan, workdir: Path, message: str, key: str = "") -> ArmResult:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -38,12 +39,11 @@ def test_forked_arms_earn_the_same_pass_and_leave_nothing_running(tmp_path):
     while proc.poll() is None:
         for pid_file in (out / "arms").glob("*.pid"):
             try:
-                pid = int(pid_file.read_text())
-                found = pid in run_processes(marker=marker)
-                if _running(pid):  # not gone (or a zombie) in the meantime
-                    seen.setdefault(pid_file.stem, []).append(found)
+                environ = Path(f"/proc/{int(pid_file.read_text())}/environ").read_bytes()
             except (OSError, ValueError):
                 continue
+            if environ:  # empty once the process is exiting
+                seen.setdefault(pid_file.stem, []).append(f"{RUN_MARKER}={marker}".encode() in environ.split(b"\0"))
         time.sleep(0.1)
     output = proc.communicate()[0]
     assert proc.returncode == 0, output
@@ -61,11 +61,3 @@ def test_forked_arms_earn_the_same_pass_and_leave_nothing_running(tmp_path):
     while run_processes(marker=marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not run_processes(marker=marker), "the zygote or an arm outlived the run"
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"

@@ -225,7 +225,7 @@ def test_a_run_stores_its_reference_and_lets_waiting_runs_go_before_its_subjects
     monkeypatch.setattr(execute_module, "DEFAULT_CACHE", root)  # never the session's real references
     seen = {}
 
-    def stub(arm, out, env, key="", forker=None):
+    def stub(arm, out, env, key="", fork=False):
         if arm.role == "subject":
             key_of = json.loads((out / "run.json").read_text())["data"]["reference_key"]
             seen["stored"] = reference.cached(key_of, root) is not None

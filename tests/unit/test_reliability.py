@@ -467,7 +467,7 @@ def test_reference_failing_to_start_cancels_the_arms_not_started(tmp_path, monke
 
     started = []
 
-    def reference_cannot_start(arm, out, env, key="", forker=None):
+    def reference_cannot_start(arm, out, env, key="", fork=False):
         started.append(arm.name)
         return runner.store_error(arm, out, "RuntimeError: Engine core initialization failed", key)
 
