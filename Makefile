@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 PIP_QUIET := 2>&1 | grep -v "^WARNING: Location" || true
 RUN_ARGS ?= -s default
 PYTEST_ARGS ?=
+# Two pytest workers, whole modules each (tests/conftest.py says why and how); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 BENCH ?=
 
 .PHONY: setup run test check lint docs docs-check bench browser clean
@@ -53,11 +56,11 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test: lint docs-check browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The developers' fast loop: lint, contracts and the engine-free tests (no vLLM engine starts).
 check: lint
-	$(PY) -m pytest tests/unit -q -x $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -q -x $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH)
