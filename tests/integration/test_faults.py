@@ -87,6 +87,10 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
             str(out),
             "--executor",
             "ray",  # the arms as Ray actors: Ray's servers must listen on loopback only
+            # Cold-B arms of its own, queued behind the subjects: a reference reused from the cache
+            # (another module on the other worker stores it) left nothing running at the SIGTERM,
+            # once a forked subject took 18 s.
+            "--no-reuse-reference",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
