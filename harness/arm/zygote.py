@@ -2,8 +2,9 @@
 
 Importing vLLM takes 9-12 s of one core on the 2-core CI machine, of an arm's 13 s with
 the tiny models the suite runs (measured: ``from vllm import LLM`` alone, 11.8 s; a forked arm
-of the embedded Qwen3, 4.3 s). The zygote imports vLLM, torch and the arm's modules once per
-run, and then forks each arm from that state. The forked arm is the same program as
+of the embedded Qwen3, 4.3 s). The zygote imports vLLM, torch and the arm's modules once (the
+parent keeps one per interpreter and environment, for all its runs), and then forks each arm
+from that state. The forked arm is the same program as
 ``python -m harness.arm.process PLAN RESULT``: it leads a process group of its own, writes its
 own log, takes the arm's environment (``RUN_MARKER`` included), and is named ``refit-arm``.
 
@@ -11,8 +12,7 @@ Per request (one JSON line on a connection of the Unix socket) the zygote forks 
 which forks the arm, answers ``{"pid": ARM}`` and, when the arm ends, ``{"exit": CODE}``
 (a negative code for a signal, as ``subprocess`` says it). The waiter kills the arm's group
 when the connection closes without an answer being read (the parent died), and the zygote
-ends when its parent does. Only what is read at import time must be the same for every arm
-a zygote forks: the parent starts one per environment (``harness.orchestrate.forking``).
+ends when its parent does (``harness.orchestrate.forking`` says which arms it forks).
 """
 
 from __future__ import annotations

@@ -166,12 +166,6 @@ class ArmForker:
                 with contextlib.suppress(OSError):
                     self._socket.parent.rmdir()
 
-    def __enter__(self) -> ArmForker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 _SHARED: dict[tuple[str, tuple[tuple[str, str], ...]], ArmForker] = {}  # (interpreter, environment) -> forker
 _SHARED_LOCK = threading.Lock()
