@@ -406,8 +406,11 @@ class PreflightRequest:
     """Every cell group, once per simulated GPU count."""
     cuda_capability: tuple[int, int] = (9, 0)
     """Compute capability the attention backend is checked for (the nightly runner's GPU)."""
-    placement_timeout_s: float = 5.0
-    """How long a stand-in actor may wait for Ray to place it before it counts as unplaceable."""
+    placement_timeout_s: float = 30.0
+    """How long a round of stand-ins may go without one more of them placed before those not
+    placed count as unplaceable. Each stand-in is a Ray worker process to start: on a loaded
+    2-core machine (two pytest workers) three of them took over 5 s, and a placeable trainer
+    rank was reported unplaceable (CI of stop 27)."""
 
 
 @dataclass(frozen=True)

@@ -443,18 +443,24 @@ def _stand_in(options: dict[str, Any]) -> dict[str, Any]:
 
 def place_together(ray, hold, gate, asks: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, list[str]] | str:
     """Place one stand-in task per ``asks`` entry (name -> Ray options) at once; the GPU ids each
-    got, or the names of those Ray could not place within ``timeout_s``."""
+    got, or the names of those not placed once ``timeout_s`` passed with no further one placed.
+
+    The clock restarts at each arrival: Ray starts a worker process per stand-in, at most
+    ``num_cpus`` at a time, so on a loaded machine the placeable ones arrive seconds apart, and
+    only a wait with no progress at all says that the rest cannot be placed."""
     import time
 
     round_ = ray.get(gate.open_round.remote())
     refs = [hold.options(**_stand_in(opts), max_retries=0).remote(gate, round_, name) for name, opts in asks.items()]
     try:
-        deadline = time.monotonic() + timeout_s
+        arrived, deadline = 0, time.monotonic() + timeout_s
         while True:
             got = ray.get(gate.report.remote())
             if len(got) == len(asks):
                 return got
-            if time.monotonic() > deadline:
+            if len(got) > arrived:
+                arrived, deadline = len(got), time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
                 return ", ".join(n for n in asks if n not in got)
             time.sleep(0.05)
     finally:
