@@ -53,8 +53,12 @@ the default of ``--cpu-isa``; the arm sets it for every vLLM process it starts (
 FORK_ARMS_ENV = "REFIT_HARNESS_FORK_ARMS"
 """``0`` starts every arm as a fresh ``python``; by default a CPU arm that a fresh process would
 run the same is forked from a warm interpreter that imported vLLM once (``harness.arm.zygote``)."""
+ARMS_LANE, FLOOR_LANE = "zygote", "floor-zygote"
+"""The two zygotes' names (``harness.orchestrate.forking``): the noise floor's arms fork from the
+second. Their logs are ``arms/NAME.log``."""
 FORKED_ARM_ENV = "REFIT_HARNESS_FORKED_ARM"
-"""Set by the zygote in each arm it forks; the arm records it (``arm_process`` in its environment facts)."""
+"""Set by a zygote in each arm it forks, to the zygote's name; the arm records it (``arm_process``
+in its environment facts: ``fresh``, ``forked from zygote`` or ``forked from floor-zygote``)."""
 
 DEFAULT_ARM_TIMEOUT_S = 900.0
 """An arm running longer than this is killed and marked ERROR."""

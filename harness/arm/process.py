@@ -267,7 +267,7 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
         ("load_average", f"{os.getloadavg()[0]:.2f}"),
         ("cpus", str(os.cpu_count() or 1)),
         # forked from the run's warm interpreter (harness.arm.zygote), or a fresh python
-        ("arm_process", "forked" if os.environ.get(FORKED_ARM_ENV) else "fresh"),
+        ("arm_process", f"forked from {os.environ[FORKED_ARM_ENV]}" if os.environ.get(FORKED_ARM_ENV) else "fresh"),
     ]
     try:  # setuptools-scm/vcs-versioning record the commit of a source build (None for PyPI wheels)
         from vllm import _version

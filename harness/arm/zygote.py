@@ -1,4 +1,4 @@
-"""A warm interpreter that forks arms: ``python -m harness.arm.zygote SOCKET``.
+"""A warm interpreter that forks arms: ``python -m harness.arm.zygote SOCKET [NAME]``.
 
 Importing vLLM takes 9-12 s of one core on the 2-core CI machine, of an arm's 13 s with
 the tiny models the suite runs (measured: ``from vllm import LLM`` alone, 11.8 s; a forked arm
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.settings import FORKED_ARM_ENV
+from harness.settings import ARMS_LANE, FORKED_ARM_ENV
 
 _PRELOAD = ("torch", "vllm", "harness.arm.process", "harness.arm.engines", "harness.worker.extension")
 
@@ -40,7 +40,7 @@ def preload() -> None:
     from vllm import LLM, SamplingParams  # noqa: F401  (vLLM's lazy top-level names load most of it)
 
 
-def serve(path: str) -> None:
+def serve(path: str, lane: str) -> None:
     parent = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -54,7 +54,7 @@ def serve(path: str) -> None:
         conn, _ = listener.accept()
         if os.fork() == 0:
             listener.close()
-            _wait_for_arm(conn)  # never returns
+            _wait_for_arm(conn, lane)  # never returns
         conn.close()
 
 
@@ -68,14 +68,14 @@ def _read_request(conn: socket.socket) -> dict:
     return json.loads(data)
 
 
-def _wait_for_arm(conn: socket.socket) -> None:
+def _wait_for_arm(conn: socket.socket, lane: str) -> None:
     """The waiter: fork the arm, say its pid and then its exit code."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     request = _read_request(conn)
     arm = os.fork()
     if arm == 0:
         conn.close()
-        _run_arm(request)  # never returns
+        _run_arm(request, lane)  # never returns
     conn.sendall(json.dumps({"pid": arm}).encode() + b"\n")
     while True:
         done, status = os.waitpid(arm, os.WNOHANG)
@@ -94,7 +94,7 @@ def _wait_for_arm(conn: socket.socket) -> None:
             os._exit(0)
 
 
-def _run_arm(request: dict) -> None:
+def _run_arm(request: dict, lane: str) -> None:
     """The arm: what ``python -m harness.arm.process PLAN RESULT`` does, in this warm process."""
     import atexit
     import traceback
@@ -111,7 +111,7 @@ def _run_arm(request: dict) -> None:
     # The zygote's environment, as its interpreter (a build's launcher too) started it, and the
     # arm's own variables on top (harness.orchestrate.forking sends only those).
     os.environ.update(request["env"])
-    os.environ[FORKED_ARM_ENV] = "1"
+    os.environ[FORKED_ARM_ENV] = lane
     argv = [request["plan"], request["result"]]
     sys.argv = ["harness.arm.process", *argv]
     # Named in `ps -o comm` only: setproctitle would also blank /proc/PID/environ, where a
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     preload()
     print(f"refit-harness zygote: preloaded in {time.monotonic() - started:.1f} s", flush=True)
-    serve(argv[0])
+    serve(argv[0], argv[1] if len(argv) > 1 else ARMS_LANE)
     return 0
 
 

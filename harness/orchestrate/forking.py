@@ -14,12 +14,17 @@ Never forked:
 - an arm with a CPU-ISA override (``prepare_arm`` masks torch's view of the CPU before vLLM
   imports its kernel library);
 - on CUDA (CUDA runs go through Ray, and CUDA does not survive a fork);
-- the noise floor: it is what two independent cold starts differ in, and that includes state
-  that holds addresses (oneDNN's packed handlers). Forked siblings share one address layout, so
-  two forked cold starts agree on it where two fresh ones do not (measured: with the noise arm
-  forked too, the stock reload_weights cell FAILs on
-  ``qkv_proj.cpu_linear<closure>.handler.handler_tensor``);
 - anything, with ``REFIT_HARNESS_FORK_ARMS=0``.
+
+The noise floor is what two independent cold starts differ in, and that includes state that
+holds addresses (oneDNN's packed handlers). Forked siblings share one address layout, so two
+arms forked from one zygote agree on it where two fresh ones do not (measured: with the noise arm
+forked beside the reference, the stock reload_weights cell FAILs on
+``qkv_proj.cpu_linear<closure>.handler.handler_tensor``). So the floor's arms (``FRESH_ROLES``)
+fork from a zygote of their own, the *floor zygote*: a separate interpreter, started fresh, with
+its own address layout and hash seed, so a floor arm is as independent of the reference as a
+fresh process (the stock cell judges that handler NOISY again), and a scenario's cell groups pay
+one vLLM import for all their floors instead of one each.
 
 Everything else starts as before; so does every arm after its zygote failed to start. A process
 keeps its zygotes for all its runs (a scenario's cell groups run one after another in the CLI)
@@ -43,9 +48,11 @@ from pathlib import Path
 from harness.cpu_isa import NATIVE
 from harness.device import cuda_available
 from harness.plan import ArmPlan
-from harness.settings import FORK_ARMS_ENV, SCRATCH_ENV
+from harness.settings import ARMS_LANE, FLOOR_LANE, FORK_ARMS_ENV, SCRATCH_ENV
 
 FRESH_ROLES = frozenset({"noise", "lora_noise"})
+"""The noise floor's roles: forked from the floor zygote, never beside the reference."""
+
 # Variables set per arm that nothing reads before the arm's own code runs.
 PER_ARM_ENV = frozenset({SCRATCH_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
 ZYGOTE_MODULE = "harness.arm.zygote"
@@ -87,12 +94,15 @@ class ForkedArm:
 
 
 class ArmForker:
-    """One zygote for the arms that share an interpreter and ``base_env``; started at the first."""
+    """One zygote for the arms that share an interpreter and ``base_env``, and the noise floor's
+    or everyone else's (``floor``); started at the first."""
 
-    def __init__(self, python: str, base_env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, python: str, base_env: dict[str, str], log_dir: Path, floor: bool = False) -> None:
         self.python = python
         self.base_env = base_env
         self.log_dir = log_dir
+        self.floor = floor
+        """Forks only the noise floor's arms (``FRESH_ROLES``), and only they fork from it."""
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._socket: Path | None = None
@@ -101,7 +111,7 @@ class ArmForker:
     def can_fork(self, arm: ArmPlan) -> bool:
         if os.environ.get(FORK_ARMS_ENV, "1") == "0" or self._failed:
             return False
-        return arm.role not in FRESH_ROLES and arm.engine.cpu_isa == NATIVE and not cuda_available()
+        return (arm.role in FRESH_ROLES) == self.floor and arm.engine.cpu_isa == NATIVE and not cuda_available()
 
     def launch(self, arm_argv: list[str], log_file: Path, env: dict[str, str]) -> ForkedArm | None:
         """The forked arm, or None when the zygote cannot be had (the caller starts it fresh)."""
@@ -146,9 +156,10 @@ class ArmForker:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # A short path of our own: a Unix socket's name is limited to 108 bytes.
         self._socket = Path(tempfile.mkdtemp(prefix="refit-zygote-")) / "s"
-        with open(self.log_dir / "zygote.log", "w") as log:
+        lane = FLOOR_LANE if self.floor else ARMS_LANE
+        with open(self.log_dir / f"{lane}.log", "w") as log:
             self._proc = subprocess.Popen(
-                [self.python, "-m", ZYGOTE_MODULE, str(self._socket)],
+                [self.python, "-m", ZYGOTE_MODULE, str(self._socket), lane],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -167,18 +178,20 @@ class ArmForker:
                     self._socket.parent.rmdir()
 
 
-_SHARED: dict[tuple[str, tuple[tuple[str, str], ...]], ArmForker] = {}  # (interpreter, environment) -> forker
+# (interpreter, environment, floor) -> forker
+_SHARED: dict[tuple[str, tuple[tuple[str, str], ...], bool], ArmForker] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def forker_for(python: str, env: dict[str, str], log_dir: Path) -> ArmForker:
-    """This process's forker for an arm run by ``python`` with ``env``; the first run to ask
-    keeps the zygote's log."""
+def forker_for(python: str, env: dict[str, str], log_dir: Path, arm: ArmPlan | None = None) -> ArmForker:
+    """This process's forker for ``arm`` (the floor zygote's for a noise-floor arm) run by
+    ``python`` with ``env``; the first run to ask keeps the zygote's log."""
     base = {k: v for k, v in env.items() if k not in PER_ARM_ENV}
-    key = (python, tuple(sorted(base.items())))
+    floor = arm is not None and arm.role in FRESH_ROLES
+    key = (python, tuple(sorted(base.items())), floor)
     with _SHARED_LOCK:
         if key not in _SHARED:
-            _SHARED[key] = ArmForker(python, base, log_dir)
+            _SHARED[key] = ArmForker(python, base, log_dir, floor)
         return _SHARED[key]
 
 

@@ -53,8 +53,8 @@ def run_arms_here(
     keys = keys or {}
     cpus = os.cpu_count() or 1
     at_once = local_concurrency(fan)
-    # Longest first; among equals, the arms that start as fresh processes (the noise floor), so
-    # that one imports vLLM beside the zygote's preload instead of after it.
+    # Longest first; among equals, the noise floor's (they fork from a zygote of their own), so
+    # that its zygote imports vLLM beside the other one's preload instead of after it.
     queue = sorted(arms, key=lambda a: (len(a.steps), a.role in FRESH_ROLES), reverse=True)
     running: dict[Future, ArmPlan] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, min(len(arms), cpus, at_once)), thread_name_prefix="arm")

@@ -52,7 +52,7 @@ def run_arm(
     try:
         with open(log_file, "w") as log:
             argv = [str(plan_file), str(result_file)]
-            forker = forker_for(python, env, workdir / ARMS_DIR) if fork else None
+            forker = forker_for(python, env, workdir / ARMS_DIR, arm) if fork else None
             forked = forker.launch(argv, log_file, env) if forker and forker.can_fork(arm) else None
             proc = forked or subprocess.Popen(
                 [python, "-m", ARM_MODULE, *argv],

@@ -1,5 +1,5 @@
 """Arms forked from the run's warm interpreter (``harness.arm.zygote``) on real engines: the
-reference and the subject fork, the noise floor starts fresh, the verdict is earned, a forked
+reference and the subject fork, the noise floor forks from a zygote of its own, the verdict is earned, a forked
 arm carries the run's marker where a cancelled run looks for it, and nothing outlives the run."""
 
 from __future__ import annotations
@@ -55,8 +55,13 @@ def test_forked_arms_earn_the_same_pass_and_leave_nothing_running(tmp_path):
     for role in ("reference", "noise", "subject-reload_weights"):
         result = store.load(ArmResult, out / "arms" / f"{role}.result.json", "arm_result")
         started[role] = dict(result.environment)["arm_process"]
-    assert started == {"reference": "forked", "noise": "fresh", "subject-reload_weights": "forked"}
+    assert started == {
+        "reference": "forked from zygote",
+        "noise": "forked from floor-zygote",
+        "subject-reload_weights": "forked from zygote",
+    }
     assert "preloaded in" in (out / "arms" / "zygote.log").read_text()
+    assert "preloaded in" in (out / "arms" / "floor-zygote.log").read_text()
     deadline = time.monotonic() + 10
     while run_processes(marker=marker) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -42,11 +42,17 @@ def test_one_zygote_per_interpreter_and_import_time_environment(tmp_path, arms):
     assert other_build is not first and other_build.python == "/opt/other-build/bin/python"
 
 
-def test_reference_and_subjects_fork_and_the_noise_floor_never(tmp_path, arms, monkeypatch):
+def test_reference_and_subjects_fork_and_the_noise_floor_only_from_its_own_zygote(tmp_path, arms, monkeypatch):
     forker = ArmForker(sys.executable, BASE, tmp_path)
     assert forker.can_fork(arms["reference"]) and forker.can_fork(arms["subject-reload_weights"])
-    # Two forked cold starts share one address layout: the floor must come from a fresh process.
+    # Two arms forked from one zygote share one address layout: the floor never forks beside
+    # the reference, only from a zygote of its own, which forks nothing else.
     assert not forker.can_fork(arms["noise"])
+    floor = forker_for(sys.executable, arm_env(), tmp_path, arms["noise"])
+    assert floor.floor and floor is not forker_for(sys.executable, arm_env(), tmp_path, arms["reference"])
+    assert floor.can_fork(arms["noise"])
+    assert not floor.can_fork(arms["reference"]) and not floor.can_fork(arms["subject-reload_weights"])
+    assert forker_for(sys.executable, arm_env("/tmp/other"), tmp_path, arms["noise"]) is floor
     subject = arms["subject-reload_weights"]
     lowered = dataclasses.replace(subject, engine=dataclasses.replace(subject.engine, cpu_isa="avx2"))
     assert not forker.can_fork(lowered)  # the ISA mask must come before vLLM imports its kernels
