@@ -132,12 +132,14 @@ def test_changing_the_cpu_capabilities_or_the_override_changes_the_key(base, mon
     b, k = base
     real = cpu_isa.host_capabilities
     assert real().flags, "this machine's /proc/cpuinfo shows no dispatch flag"
+    here = real()
+    # Each change is to a value this machine does not have (CI runs on Intel and AMD alike).
     for change in (
-        {"flags": ("avx2",)},
-        {"host_flags": ("avx2",)},
-        {"is_zen_cpu": True},
-        {"arch": "aarch64"},
-        {"vendor": "AuthenticAMD"},
+        {"flags": ("avx2",) if here.flags != ("avx2",) else ("avx2", "avx512_f")},
+        {"host_flags": ("avx2",) if here.host_flags != ("avx2",) else ("avx2", "avx512_f")},
+        {"is_zen_cpu": not here.is_zen_cpu},
+        {"arch": "aarch64" if here.arch != "aarch64" else "x86_64"},
+        {"vendor": "AuthenticAMD" if here.vendor != "AuthenticAMD" else "GenuineIntel"},
     ):
         monkeypatch.setattr(
             cpu_isa, "host_capabilities", lambda o="native", c=change: dataclasses.replace(real(o), **c)
