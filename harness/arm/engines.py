@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import shutil
 import socket
@@ -316,6 +317,10 @@ class HTTPError(RuntimeError):
     """The server answered with an error status."""
 
 
+NON_FINITE_LOGPROBS = "Out of range float values are not JSON compliant"
+"""What ``vllm serve`` answers (HTTP 400) when a completion's logprobs are NaN or infinite."""
+
+
 class HTTPEngine(EngineBase):
     """A real ``vllm serve`` on a Unix socket in a private directory.
 
@@ -426,7 +431,18 @@ class HTTPEngine(EngineBase):
                 "return_tokens_as_token_ids": True,
                 "return_token_ids": True,
             }
-            response = self.post("/v1/completions", body)
+            try:
+                response = self.post("/v1/completions", body)
+            except HTTPError as exc:
+                if NON_FINITE_LOGPROBS not in str(exc):
+                    raise
+                # The engine computed NaN or infinite logprobs (a refit that broke a kernel), and
+                # the server cannot write them as JSON. The same greedy tokens without them, each
+                # with a NaN logprob: what the engine itself would have returned, and a difference.
+                response = self.post("/v1/completions", {**body, "logprobs": None})
+                response["choices"][0]["logprobs"] = {
+                    "top_logprobs": [{f"token_id:{t}": math.nan} for t in response["choices"][0]["token_ids"]]
+                }
             choice = response["choices"][0]
             details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
             top = choice["logprobs"]["top_logprobs"] or []

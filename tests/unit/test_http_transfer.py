@@ -119,3 +119,39 @@ def test_the_weight_sync_client_reaches_the_private_socket_through_requests_unix
     engine.socket_path = "/tmp/rh-serve-x/server0.sock"
     assert engine.unix_url == "http+unix://%2Ftmp%2Frh-serve-x%2Fserver0.sock"
     assert requests_unixsocket.DEFAULT_SCHEME == "http+unix://"
+
+
+def test_non_finite_logprobs_over_http_are_observed_as_nan_not_an_arm_error():
+    """A refit that breaks a kernel can make the engine's logprobs NaN; ``vllm serve`` then
+    answers HTTP 400 (measured: the W8A8 int8 oneDNN finding on the HTTP paths, which were ERROR).
+    The observation takes the same greedy tokens without logprobs and records each as NaN, as
+    the in-process engine returns them; any other error still raises."""
+    import math
+
+    import pytest
+
+    from harness.arm.engines import NON_FINITE_LOGPROBS, HTTPEngine, HTTPError
+    from harness.spec.run import PromptSpec
+
+    asked: list[dict] = []
+
+    def post(route: str, body: dict) -> dict:
+        asked.append(body)
+        if body["logprobs"] is not None:
+            raise HTTPError(f'POST {route} -> HTTP 400: b\'{{"error":{{"message":"{NON_FINITE_LOGPROBS}"}}}}\'')
+        return {"choices": [{"token_ids": [0, 0, 7], "logprobs": None}], "usage": {}}
+
+    engine = HTTPEngine.__new__(HTTPEngine)
+    engine.post = post
+    engine._model_name = lambda: "m"
+    (out,) = engine.generate(PromptSpec(token_ids=((1, 2, 3),), max_tokens=3))
+    assert [b["logprobs"] for b in asked] == [5, None]
+    assert out.token_ids == (0, 0, 7)
+    assert [t for ((t, _),) in out.logprobs] == [0, 0, 7] and all(math.isnan(lp) for ((_, lp),) in out.logprobs)
+
+    def refuses(route: str, body: dict) -> dict:
+        raise HTTPError(f"POST {route} -> HTTP 400: b'prompt too long'")
+
+    engine.post = refuses
+    with pytest.raises(HTTPError, match="prompt too long"):
+        engine.generate(PromptSpec(token_ids=((1,),)))
