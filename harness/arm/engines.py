@@ -419,6 +419,24 @@ class HTTPEngine(EngineBase):
     def rpc(self, method, kwargs=None):
         return self.post("/collective_rpc", {"method": method, "kwargs": kwargs or {}})["results"]
 
+    def completion(self, body: dict) -> dict:
+        """``/v1/completions`` of one greedy request that asks for logprobs. When the engine
+        computed NaN or infinite logprobs (a refit that broke a kernel), the server cannot write
+        them as JSON (HTTP 400, ``NON_FINITE_LOGPROBS``): then the same greedy tokens without
+        them, each with a NaN logprob, as the engine itself returns them: a difference."""
+        try:
+            return self.post("/v1/completions", body)
+        except HTTPError as exc:
+            if NON_FINITE_LOGPROBS not in str(exc):
+                raise
+        response = self.post("/v1/completions", {**body, "logprobs": None})
+        tokens = response["choices"][0]["token_ids"]
+        response["choices"][0]["logprobs"] = {
+            "top_logprobs": [{f"token_id:{t}": math.nan} for t in tokens],
+            "token_logprobs": [math.nan for _ in tokens],
+        }
+        return response
+
     def generate(self, prompts):
         outputs = []
         for i, ids in enumerate(prompts.token_ids):
@@ -431,18 +449,7 @@ class HTTPEngine(EngineBase):
                 "return_tokens_as_token_ids": True,
                 "return_token_ids": True,
             }
-            try:
-                response = self.post("/v1/completions", body)
-            except HTTPError as exc:
-                if NON_FINITE_LOGPROBS not in str(exc):
-                    raise
-                # The engine computed NaN or infinite logprobs (a refit that broke a kernel), and
-                # the server cannot write them as JSON. The same greedy tokens without them, each
-                # with a NaN logprob: what the engine itself would have returned, and a difference.
-                response = self.post("/v1/completions", {**body, "logprobs": None})
-                response["choices"][0]["logprobs"] = {
-                    "top_logprobs": [{f"token_id:{t}": math.nan} for t in response["choices"][0]["token_ids"]]
-                }
+            response = self.completion(body)
             choice = response["choices"][0]
             details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
             top = choice["logprobs"]["top_logprobs"] or []
@@ -485,7 +492,7 @@ class HTTPEngine(EngineBase):
             "return_tokens_as_token_ids": True,
             "return_token_ids": True,
         }
-        choice = self.post("/v1/completions", body)["choices"][0]
+        choice = self.completion(body)["choices"][0]
         chosen = choice["logprobs"]["token_logprobs"] or []
         return tuple(int(t) for t in choice["token_ids"]), tuple(float(x) for x in chosen)
 

@@ -10,6 +10,7 @@ while paused, and after ``/resume``. Engine side only (it talks to the server th
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -93,7 +94,8 @@ class InFlight:
                 if divergence is None and len(tokens) != len(after):
                     divergence = min(len(tokens), len(after))
                 horizon = len(after) if divergence is None else divergence + 1
-                worst = max((abs(a - b) for a, b in list(zip(after_lp, logprobs))[:horizon]), default=0.0)
+                diffs = (abs(a - b) for a, b in list(zip(after_lp, logprobs))[:horizon])
+                worst = max((d if not math.isnan(d) else math.inf for d in diffs), default=0.0)  # NaN: a difference
             out.append(
                 InFlightRequest(
                     prompt=s.prompt,

@@ -94,6 +94,11 @@ def test_in_flight_splits_each_stream_at_the_pause_and_the_resume():
     assert abs(first.fresh_max_logprob_diff - 0.01) < 1e-9
     # A token that arrived between the pause answering and the resume: keep mode broke.
     assert second.tokens_while_paused == 1 and second.fresh_divergence is None and second.fresh_max_logprob_diff == 0.0
+    # A NaN logprob from the refit server (a broken kernel) is a difference, wherever it falls.
+    nan = float("nan")
+    for lps in ((nan, -0.41), (-0.3, nan)):
+        first, _ = flight.records(lambda ids, n, lps=lps: ((12, 13), lps) if ids[0] == 1 else ((22,), (-0.7,)))
+        assert first.fresh_divergence is None and first.fresh_max_logprob_diff == float("inf"), lps
 
 
 def test_the_path_is_registered_and_asks_for_a_served_engine_with_the_cpu_transfer_backend(monkeypatch):
@@ -148,6 +153,9 @@ def test_non_finite_logprobs_over_http_are_observed_as_nan_not_an_arm_error():
     assert [b["logprobs"] for b in asked] == [5, None]
     assert out.token_ids == (0, 0, 7)
     assert [t for ((t, _),) in out.logprobs] == [0, 0, 7] and all(math.isnan(lp) for ((_, lp),) in out.logprobs)
+    # And the chosen-token logprobs that the in-flight paths compare (asked during a refit).
+    tokens, chosen = engine.complete((1, 2, 3), 3)
+    assert tokens == (0, 0, 7) and all(map(math.isnan, chosen)) and len(chosen) == 3
 
     def refuses(route: str, body: dict) -> dict:
         raise HTTPError(f"POST {route} -> HTTP 400: b'prompt too long'")
