@@ -275,7 +275,11 @@ def prepare(
         try:
             cs = replace(cs, trainer_steps=trainer_steps(cs.a, spec.trainer, resolved.prompts.token_ids or (), steps))
         except CheckpointError as exc:
-            raise UsageError(str(exc)) from None
+            # A checkpoint transformers cannot train here (GPTQ without optimum, say) leaves the
+            # trainer paths without targets: SKIPPED with the reason, the other paths still run.
+            for p in spec.paths:
+                if needs[p].trains:
+                    unavailable.setdefault(p, f"no live trainer for this checkpoint: {exc}")
     for p, reason in not_started(spec, cs, needs).items():
         unavailable.setdefault(p, reason)
     adapters = None

@@ -500,3 +500,27 @@ def test_weight_copies_go_under_the_arms_scratch_directory(tmp_path, monkeypatch
     assert scratch_root() is None
     monkeypatch.setenv("REFIT_HARNESS_SCRATCH", str(tmp_path / "scratch" / "arm"))
     assert scratch_root() == str(tmp_path / "scratch" / "arm") and (tmp_path / "scratch" / "arm").is_dir()
+
+
+def test_a_checkpoint_the_trainer_cannot_train_skips_the_trainer_paths_only(tmp_path, monkeypatch):
+    """Measured in -s quantized: transformers cannot load a GPTQ checkpoint without optimum, and
+    the trainer's failure was a UsageError that ended the whole scenario (exit 2, every later
+    cell lost). Now the trainer paths are SKIPPED with the trainer's words and the rest run."""
+    from harness.checkpoints.tiny import tiny_qwen3
+    from harness.errors import CheckpointError
+    from harness.orchestrate import execute
+    from harness.spec.run import RunSpec
+
+    def cannot_train(*args, **kwargs):
+        raise CheckpointError("the trainer could not train M (3 steps): ImportError: requires optimum")
+
+    monkeypatch.setattr(execute, "trainer_steps", cannot_train)
+    spec = RunSpec(model=str(tiny_qwen3()), paths=("reload_weights", "trainer_steps"), sabotage=True)
+    record, _ = execute.prepare(spec, tmp_path, lambda message: None)
+    skipped = dict((s.path, s.reason) for s in record.plan.skipped)
+    assert skipped.keys() == {"trainer_steps"}
+    assert (
+        skipped["trainer_steps"].startswith("no live trainer for this checkpoint: ")
+        and "optimum" in skipped["trainer_steps"]
+    )
+    assert any("reload_weights" in a.name for a in record.plan.arms)
