@@ -200,24 +200,10 @@ def _cpu_fused_moe_reload(
 
 # vLLM's CPU int8 kernel takes its oneDNN path for asymmetric (or static) activations, and for
 # every int8 layer on a CPU without AMX; measured there (`-s quantized`, AVX512-BF16 EPYC, both
-# int8 families) on every path that reloads through vLLM's layerwise loader. The HTTP paths and
-# the kernel-format reload and the dummy start are in it too: the same CORRUPT kernel probes (the
-# kernel-format reload's packed-GEMM staleness and the dummy start's attention scales are issues
-# of their own).
-ONEDNN_INT8_PATHS = (
-    "reload_weights",
-    "reload_weights_iterator",
-    "discard_reload",
-    "reload_kernel_format",
-    "transfer_gloo",
-    "trainer_steps",
-    "trainer_steps_gloo",
-    "http_reload",
-    "http_weight_transfer",
-    "dummy_start",
-    "prefix_cache",
-    "compiled",
-)
+# int8 families): the same CORRUPT kernel probes on every in-place path, the trainer and RL-HTTP
+# ones too (the kernel-format reload's packed GEMMs and the dummy start's attention scales are
+# issues of their own).
+ONEDNN_INT8_PATHS = MEASURED_MOE_PATHS + ("trainer_steps", "trainer_steps_gloo", "http_weight_transfer")
 
 # Checkpoint formats whose quantization config gives each attention layer KV-cache scale
 # Parameters (compressed-tensors' KV-cache method), measured in `-s quantized`; GPTQ and AWQ
