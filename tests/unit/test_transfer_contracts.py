@@ -115,3 +115,40 @@ def test_sources_follow_each_backends_order_type_and_sabotage(tmp_path):
         1.0,
     ]
     assert trainer_source("sparse_nccl", tmp_path / "b") is None
+
+
+def test_the_gloo_twin_moves_float8_tensors_as_their_bytes():
+    """gloo has no float8 type ("Invalid scalar type": the fp8 W8A8 checkpoint's gloo and HTTP
+    transfer cells were ERROR). The twin's broadcast sends and receives them as uint8 views, so
+    the receiver's float8 tensor holds the sender's bytes; other dtypes go as they are."""
+    import threading
+
+    import torch
+
+    from harness.arm.transfer import _broadcast, _gloo_group, store_listener
+
+    listen = store_listener("127.0.0.1")
+    port = listen.getsockname()[1]
+    sent = {
+        "fp8": torch.linspace(-2, 2, 24).reshape(4, 6).to(torch.float8_e4m3fn),
+        "bf16": torch.linspace(-1, 1, 8).to(torch.bfloat16),
+    }
+    got = {name: torch.zeros_like(t) for name, t in sent.items()}
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            group = _gloo_group("127.0.0.1", port, r, 2, listen if r == 0 else None)
+            for name in sent:
+                _broadcast(group, sent[name] if r == 0 else got[name])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for name, t in sent.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), name
