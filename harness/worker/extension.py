@@ -28,6 +28,14 @@ class RefitObserver:
     def refit_harness_ping(self) -> int:
         return int(getattr(self, "rank", 0))
 
+    def refit_harness_pace(self, seconds_per_step: float) -> None:
+        """Hold each engine step that computes tokens for ``seconds_per_step`` (0: full speed).
+
+        Timing only, never values: the HTTP in-flight path paces generation until ``/pause``
+        answers, so that a tiny model on a loaded CPU cannot finish a request before the pause
+        lands (which would leave nothing in flight to judge)."""
+        pace_steps(self, float(seconds_per_step))
+
     def refit_harness_cpu_dispatch(self) -> dict[str, Any]:
         """The CPU as vLLM sees it in this worker (after any ``--cpu-isa`` override) and the
         kernel each layer got at load, as JSON (``CpuCapabilities``, ``KernelPath`` records)."""
@@ -313,6 +321,28 @@ class RefitObserver:
             if t.numel() > 0:
                 ptrs.add(t.untyped_storage().data_ptr())
         return frozenset(ptrs)
+
+
+def pace_steps(worker: Any, seconds_per_step: float) -> None:
+    """Make ``worker.execute_model`` wait ``seconds_per_step`` before each step that schedules
+    tokens. The wrapper is installed once, on the instance (vLLM's executors and worker wrapper
+    call ``worker.execute_model``), and reads the delay each step, so it can be changed live."""
+    import time
+
+    worker._refit_harness_step_delay = seconds_per_step
+    if getattr(worker, "_refit_harness_paced", False):
+        return
+    unpaced = worker.execute_model
+
+    @functools.wraps(unpaced)
+    def execute_model(scheduler_output, *args, **kwargs):
+        delay = worker._refit_harness_step_delay
+        if delay > 0 and getattr(scheduler_output, "total_num_scheduled_tokens", 0) > 0:
+            time.sleep(delay)
+        return unpaced(scheduler_output, *args, **kwargs)
+
+    worker.execute_model = execute_model
+    worker._refit_harness_paced = True
 
 
 def _vllm_names(model, names: list[str]) -> dict[str, str]:

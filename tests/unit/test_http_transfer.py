@@ -163,3 +163,29 @@ def test_non_finite_logprobs_over_http_are_observed_as_nan_not_an_arm_error():
     engine.post = refuses
     with pytest.raises(HTTPError, match="prompt too long"):
         engine.generate(PromptSpec(token_ids=((1,),)))
+
+
+def test_paced_steps_wait_only_while_paced_and_only_when_tokens_are_scheduled(monkeypatch):
+    import time
+
+    from harness.worker.extension import pace_steps
+
+    class Step:
+        def __init__(self, tokens):
+            self.total_num_scheduled_tokens = tokens
+
+    class Worker:
+        def execute_model(self, scheduler_output):
+            return scheduler_output.total_num_scheduled_tokens
+
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    worker = Worker()
+    pace_steps(worker, 0.1)
+    assert worker.execute_model(Step(4)) == 4 and slept == [0.1]
+    assert worker.execute_model(Step(0)) == 0 and slept == [0.1]  # an empty step is not held
+    pace_steps(worker, 0.0)  # changed live, on the wrapper installed once
+    assert worker.execute_model(Step(4)) == 4 and slept == [0.1]
+    pace_steps(worker, 0.25)
+    worker.execute_model(Step(1))
+    assert slept == [0.1, 0.25]
