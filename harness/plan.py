@@ -34,6 +34,9 @@ class PathNeeds:
     trains: bool = False
     """A live trainer makes its targets: its refits are the trainer's optimizer steps
     (``trainer_targets``), each judged against a cold start on that step's weights."""
+    runs_last: bool = False
+    """vLLM may raise midway through its refit: in a shared engine its segment and its twin
+    come after every other path's (``ReloadPath.runs_last``)."""
 
     @classmethod
     def of(cls, path_class) -> PathNeeds:
@@ -43,6 +46,7 @@ class PathNeeds:
             path_class.refit_targets,
             path_class.sabotage_targets,
             trains=getattr(path_class, "trains", False),
+            runs_last=getattr(path_class, "runs_last", False),
         )
 
 
@@ -229,7 +233,8 @@ def make_plan(
     """``paths`` maps each requested path to what the planner needs of it; ``unavailable``
     maps a path to the reason it cannot run on this machine. With ``spec.sabotage`` each
     subject engine runs its paths' sabotaged twins after all the real segments, so a
-    sabotage can never leak into a real path's verdict."""
+    sabotage can never leak into a real path's verdict; a path that may raise midway
+    (``runs_last``) runs, with its twin, after both."""
     accuracy = AccuracyPrompts(spec.accuracy.prompts, spec.accuracy.max_tokens) if spec.accuracy else None
 
     def arm_plan(
@@ -306,9 +311,22 @@ def make_plan(
             return trainer_targets(spec.trainer.steps, sabotage)
         return paths[p].sabotage_targets if sabotage else paths[p].refit_targets
 
-    for requirements, members in groups.items():
+    def real(members: list[str]) -> tuple[Step, ...]:
+        return tuple(s for p in members for s in segment(p, targets(p)))
+
+    def twins(members: list[str]) -> tuple[Step, ...]:
+        if not spec.sabotage:
+            return ()
+        return tuple(s for p in members for s in segment(p, targets(p, sabotage=True), sabotaged=True))
+
+    for requirements, group in groups.items():
+        # Twins after every real segment (a sabotage never leaks into a real verdict); a path
+        # that may raise midway, with its twin, after all of those (``PathNeeds.runs_last``).
+        first = [p for p in group if not paths[p].runs_last]
+        raising = [p for p in group if paths[p].runs_last]
+        members = first + raising
         probe = arm_plan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements)
-        steps = (Observe(probe.cold_label),) + tuple(s for p in members for s in segment(p, targets(p)))
+        steps = (Observe(probe.cold_label),) + real(first) + twins(first) + real(raising) + twins(raising)
         # Right after the first path's refit to B: the refit engine's speed and accuracy.
         warm_b = ObservationLabel("warm_B", members[0])
         at = steps.index(Observe(warm_b)) + 1 if Observe(warm_b) in steps else len(steps)
@@ -316,8 +334,6 @@ def make_plan(
             (Probe(ProbeLabel("accuracy", warm_b)),) if accuracy else ()
         )
         steps = steps[:at] + probes + steps[at:]
-        if spec.sabotage:
-            steps += tuple(s for p in members for s in segment(p, targets(p, sabotage=True), sabotaged=True))
         subject = arm_plan(
             name="subject-" + "+".join(members),
             role="subject",

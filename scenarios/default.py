@@ -3,9 +3,9 @@
 from harness.spec.scenario import ModelRef, ScenarioSpec
 
 TINY = ModelRef(label="tiny-qwen3", builder="tiny-qwen3")
-# The kernel-format reload runs last of the paths sharing one engine: it is the one that needs
-# vLLM's sharded-state saver, which raises on some models (DeepSeek-V2), and a shared engine's
-# later segments would then not run.
+# The kernel-format reload needs vLLM's sharded-state saver, which raises on some engines
+# (DeepSeek-V2, fp8): the planner runs it, and its twin, after every other segment and twin of
+# its engine (``ReloadPath.runs_last``), whatever this order says.
 CPU_PATHS = (
     "reload_weights",
     "reload_weights_iterator",

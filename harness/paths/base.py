@@ -87,6 +87,10 @@ class ReloadPath:
     fails; ``tokens``, greedy tokens diverge from cold B (state no tensor census holds)."""
     needs_cache_hits: ClassVar[bool] = False
     """The path is meaningful only if the prefix cache served tokens after its refit."""
+    runs_last: ClassVar[bool] = False
+    """vLLM may raise midway through this path's refit on some engines (a save vLLM cannot
+    make): in a shared engine its segment and its twin run after every other path's segment
+    and twin, so such a raise takes no other path's evidence with it."""
 
     def __init__(self, checkpoints: CheckpointSet, prompts: PromptSpec | None = None) -> None:
         self.checkpoints = checkpoints

@@ -157,3 +157,25 @@ def test_throughput_probe_steps_come_after_cold_b_and_after_the_first_refit_to_b
     at = subject.steps.index(Probe(ProbeLabel("throughput", warm_b)))
     assert subject.steps[at - 1] == Observe(warm_b) and str(subject.steps[at].label) == "x/throughput"
     assert sum(isinstance(s, Probe) for s in subject.steps) == 1
+
+
+def test_a_path_that_may_raise_runs_after_every_other_segment_and_twin_of_its_engine():
+    from harness.paths import PATHS
+    from harness.plan import PathNeeds, Refit, make_plan
+    from harness.spec.checkpoint_set import CheckpointSet
+    from harness.spec.requirements import EngineRequirements
+    from harness.spec.run import RunSpec
+
+    assert PathNeeds.of(PATHS.get("reload_kernel_format")).runs_last  # its save raises on fp8 and MLA
+    assert not PathNeeds.of(PATHS.get("reload_weights")).runs_last
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="t")
+    needs = {p: PathNeeds(EngineRequirements(), ("B", "A"), runs_last=p == "k") for p in ("x", "k", "y")}
+    (subject,) = (
+        a
+        for a in make_plan(RunSpec(model="/a", paths=("x", "k", "y"), sabotage=True), cs, needs, {}).arms
+        if a.role == "subject"
+    )
+    assert subject.paths == ("x", "y", "k")
+    order = [s.owner for s in subject.steps if isinstance(s, Refit)]
+    segments = list(dict.fromkeys(order))
+    assert segments == ["x", "y", "x~sabotage", "y~sabotage", "k", "k~sabotage"], segments
