@@ -458,6 +458,16 @@ def quantization_config(directory: str | Path) -> dict | None:
     return qc if isinstance(qc, dict) and qc else None
 
 
+def quantizes_weights(qconfig: dict | None) -> bool:
+    """Whether a ``quantization_config`` stores weights quantized (a compressed-tensors config
+    with no weight scheme, such as the fp8 KV-cache scales alone, keeps them float)."""
+    if not qconfig:
+        return False
+    if str(qconfig.get("quant_method", "")).lower() == "compressed-tensors":
+        return any((g or {}).get("weights") for g in (qconfig.get("config_groups") or {}).values())
+    return True
+
+
 def describe(qconfig: dict | None) -> str | None:
     """A short name for a checkpoint's quantization, for known issues scoped on the format before
     any engine ran: ``<quant_method>/<weight type>/<weight strategy>``, e.g.

@@ -15,6 +15,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.checkpoints.quantize import describe, quantization_config, quantizes_weights
 from harness.checkpoints.read import fingerprint
 from harness.errors import CheckpointError
 from harness.settings import DEFAULT_CACHE
@@ -32,7 +33,18 @@ def trainer_steps(
     model: str, spec: TrainerSpec, prompts: tuple[tuple[int, ...], ...], steps: int, cache: Path = DEFAULT_CACHE
 ) -> tuple[str, ...]:
     """Directories ``T1``..``T<steps>``: checkpoint A trained ``k`` steps, cached by everything
-    a step depends on (A's bytes, the trainer's recipe, the prompts, torch and transformers)."""
+    a step depends on (A's bytes, the trainer's recipe, the prompts, torch and transformers).
+
+    A pre-quantized A is refused (``CheckpointError``, so the trainer paths are SKIPPED): a
+    transformers trainer dequantizes it, and ``save_pretrained`` writes its steps as float
+    weights under A's quantized config, which is no checkpoint of that format (measured with
+    the fp8 W8A8 family: fp32 ``weight`` beside ``weight_scale``). RL trainers of quantized
+    engines send float weights to an online-quantized engine: the ``online`` families."""
+    if quantizes_weights(qconfig := quantization_config(model)):
+        raise CheckpointError(
+            f"{model} is pre-quantized ({describe(qconfig)}): a transformers trainer dequantizes it and "
+            "would save its steps as float weights under the quantized config, no checkpoint of that format"
+        )
     recipe = {
         "a": fingerprint(model),
         "spec": asdict(spec),

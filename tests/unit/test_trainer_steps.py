@@ -181,3 +181,30 @@ def test_the_trainer_steps_deterministically_and_sends_its_own_names(tmp_path):
     with pytest.raises(ValueError, match="cannot go back"):
         again.advance_to(1)
     assert dataclasses.asdict(TrainerSpec())["steps"] == 2
+
+
+def test_a_pre_quantized_checkpoint_gets_no_trainer_and_nothing_is_trained(tmp_path, monkeypatch):
+    """transformers trains a compressed-tensors checkpoint dequantized and saves float weights
+    under its quantized config: no checkpoint of that format, so the trainer paths SKIP."""
+    import json
+    import subprocess
+
+    from harness.checkpoints import trainer
+    from harness.errors import CheckpointError
+
+    a = tmp_path / "fp8"
+    a.mkdir()
+    qconfig = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": "channel"}}},
+    }
+    (a / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "quantization_config": qconfig}))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a pre-quantized checkpoint was trained"))
+    with pytest.raises(CheckpointError, match=r"pre-quantized \(compressed-tensors/float/channel\)"):
+        trainer.trainer_steps(str(a), TrainerSpec(), ((1, 2, 3),), 2, cache=tmp_path / "cache")
+    # KV-cache scales alone (the zoo's fp8-KV family) leave the weights float: it is trained.
+    from harness.checkpoints.zoo import KV_FP8_CONFIG
+
+    (a / "config.json").write_text(json.dumps({"architectures": ["X"], "quantization_config": KV_FP8_CONFIG}))
+    with pytest.raises(pytest.fail.Exception, match="was trained"):
+        trainer.trainer_steps(str(a), TrainerSpec(), ((1, 2, 3),), 2, cache=tmp_path / "cache")
