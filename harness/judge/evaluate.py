@@ -23,6 +23,7 @@ from harness.judge.verdict import (
 from harness.plan import (
     ArmPlan,
     Observe,
+    Refit,
     lora_noise_name,
     lora_reference_name,
     mode_reference_name,
@@ -104,8 +105,9 @@ def evaluate(out: Path) -> Evaluation:
         fail_on_rebound = rebound_fails(record.spec.judge, mode, device)
         graphs = mode == "compiled" and not device.startswith("cpu")  # captured CUDA graphs replay addresses
 
-        # Segments in the order the engine ran them: the real ones, then the sabotaged twins.
-        order = arm.paths + (tuple(sabotaged_twin(p) for p in arm.paths) if record.spec.sabotage else ())
+        # Segments in the order the engine ran them, as planned (twins after the real segments,
+        # a path that may raise after both: ``plan.make_plan``).
+        order = segment_order(arm)
 
         # Plans made before mode references existed have none: the run's reference then serves.
         own_mode = None if same_mode else results.get(mode_reference_name(mode))
@@ -222,6 +224,11 @@ def _labels(arm: ArmPlan, owner: str) -> tuple[str, ...]:
 
 def _packed_mapping(subject: ArmResult) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return subject.observations[0].model.packed_modules_mapping if subject.observations else ()
+
+
+def segment_order(arm: ArmPlan) -> tuple[str, ...]:
+    """The segments (paths and sabotaged twins) of a subject arm, in the order its steps run them."""
+    return tuple(dict.fromkeys(s.owner for s in arm.steps if isinstance(s, Refit)))
 
 
 def charged_to_segment(subject: ArmResult, path: str, order: tuple[str, ...]) -> ArmResult:

@@ -179,3 +179,16 @@ def test_a_path_that_may_raise_runs_after_every_other_segment_and_twin_of_its_en
     order = [s.owner for s in subject.steps if isinstance(s, Refit)]
     segments = list(dict.fromkeys(order))
     assert segments == ["x", "y", "x~sabotage", "y~sabotage", "k", "k~sabotage"], segments
+
+    # The judge reads the same order from the plan: a raise in k's segment leaves every twin
+    # before it judged (the fp8 families' twins were "not run" while the judge assumed twins last).
+    from dataclasses import replace
+
+    from harness.judge.evaluate import charged_to_segment, segment_order
+    from tests.records import arm
+
+    assert segment_order(subject) == tuple(segments)
+    failed = replace(arm("s", "subject", paths=subject.paths, error="RuntimeError: view size"), failed_path="k")
+    assert charged_to_segment(failed, "y~sabotage", segment_order(subject)).status == "ok"
+    assert "failed in segment k" in (charged_to_segment(failed, "k", segment_order(subject)).error or "")
+    assert "not run" in (charged_to_segment(failed, "k~sabotage", segment_order(subject)).error or "")
