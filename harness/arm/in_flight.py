@@ -50,6 +50,9 @@ class InFlight:
         self.resumed_at: float | None = None
         self.live_at_pause = 0
         """Requests that had not ended when the pause answered."""
+        self.finished_before_pause = 0
+        """Requests that had already run to their end, without an error, when the pause answered:
+        a refit that proves nothing about them (one that failed is an observation, recorded)."""
 
     def start(self) -> None:
         """Start every request and return once each has streamed its first token (or ended)."""
@@ -64,6 +67,7 @@ class InFlight:
         """Call right after ``/pause`` answered."""
         self.paused_at = time.monotonic()
         self.live_at_pause = sum(not s.done.is_set() for s in self.streams)
+        self.finished_before_pause = sum(s.done.is_set() and s.error is None for s in self.streams)
 
     def mark_resumed(self) -> None:
         """Call right before ``/resume`` is sent."""
@@ -150,7 +154,8 @@ class InFlight:
                     (
                         time.monotonic(),
                         tuple(int(t) for t in choice.get("token_ids") or ()),
-                        tuple(float(x) for x in logprobs),
+                        # A NaN logprob streams as null (measured: the int8 engine after its refit).
+                        tuple(math.nan if x is None else float(x) for x in logprobs),
                     )
                 )
                 s.first_token.set()

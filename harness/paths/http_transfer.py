@@ -95,9 +95,9 @@ class HTTPWeightTransfer(ReloadPath):
             flight.mark_resumed()
             server.post("/resume")
             flight.finish(timeout_s=300.0)
-            if flight.live_at_pause < len(prompts):
+            if flight.finished_before_pause:
                 raise RuntimeError(
-                    f"{len(prompts) - flight.live_at_pause} of {len(prompts)} in-flight requests ended before "
+                    f"{flight.finished_before_pause} of {len(prompts)} in-flight requests ran to their end before "
                     f"/pause answered ({budget} tokens each, {IN_FLIGHT_STEP_S} s a step): the refit was not "
                     "made with every request in flight"
                 )

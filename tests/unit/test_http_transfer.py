@@ -3,6 +3,7 @@ reads it, and how the path asks for its server."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from harness.arm.in_flight import InFlight
@@ -189,3 +190,60 @@ def test_paced_steps_wait_only_while_paced_and_only_when_tokens_are_scheduled(mo
     pace_steps(worker, 0.25)
     worker.execute_model(Step(1))
     assert slept == [0.1, 0.25]
+
+
+class _StreamingConn:
+    """One streaming ``/v1/completions`` response, as ``vllm serve`` writes its server-sent events."""
+
+    def __init__(self, chunks):
+        self._lines = [b"data: " + json.dumps(c).encode() + b"\n" for c in chunks] + [b"data: [DONE]\n"]
+
+    def request(self, *args, **kwargs):
+        pass
+
+    def getresponse(self):
+        conn = self
+
+        class Response:
+            status = 200
+
+            def __iter__(self):
+                return iter(conn._lines)
+
+        return Response()
+
+    def close(self):
+        pass
+
+
+def _chunk(token, logprob, finish=None):
+    return {"choices": [{"token_ids": [token], "logprobs": {"token_logprobs": [logprob]}, "finish_reason": finish}]}
+
+
+def test_a_stream_with_null_logprobs_is_read_to_its_end_with_nan_and_is_no_error():
+    """A broken kernel's NaN logprobs stream as null (the int8 engine after its refit): the
+    request is still generating, so it is read on, with NaN (a difference), not an error."""
+    import math
+
+    flight = InFlight(
+        lambda: _StreamingConn([_chunk(5, -0.5), _chunk(6, None), _chunk(7, None, "length")]), "m", ((1,),), 3
+    )
+    (stream,) = flight.streams
+    flight._read(stream)
+    assert stream.error is None and stream.finish_reason == "length"
+    assert [t for _, toks, _ in stream.chunks for t in toks] == [5, 6, 7]
+    logprobs = [lp for _, _, lps in stream.chunks for lp in lps]
+    assert logprobs[0] == -0.5 and all(math.isnan(x) for x in logprobs[1:])
+
+
+def test_only_a_request_that_ran_to_its_end_before_the_pause_spoils_the_refit():
+    flight = InFlight(_Conn, "m", ((1,), (2,), (3,)), max_tokens=4)
+    finished, failed, live = flight.streams
+    finished.done.set()
+    failed.error = "HTTP 500"
+    failed.done.set()
+    flight.mark_paused()
+    assert flight.live_at_pause == 1 and flight.finished_before_pause == 1
+    finished.done.clear()
+    flight.mark_paused()
+    assert flight.finished_before_pause == 0  # an error is an observation the judge fails, not a spoiled refit
