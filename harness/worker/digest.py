@@ -160,8 +160,8 @@ def host_chunks(data: torch.Tensor, nbytes: int) -> Iterator[memoryview]:
 
 def _in_place(data: torch.Tensor, nbytes: int) -> ctypes.Array[ctypes.c_char]:
     """The ``nbytes`` bytes of a non-empty contiguous CPU tensor, read in place from its address
-    (measured per small tensor: a numpy view 1.9 µs, this 0.2 µs, and a memoryview over it
-    another 0.25 µs, which counts for thousands of small tensors: hashing takes the array as is).
+    (measured per small tensor: a numpy view 1.9 µs, this 0.35 µs, and a memoryview cast over it
+    another 0.27 µs, which counts for thousands of small tensors: hashing takes the array as is).
     The array does not keep ``data`` alive: the caller holds it while the array is used."""
     return (ctypes.c_char * nbytes).from_address(data.data_ptr())
 
