@@ -51,7 +51,7 @@ def resolve(choice: DigestChoice | str = "auto") -> str:
 
 def digest(t: torch.Tensor, algorithm: str = XXH3) -> str:
     """The digest of ``t``'s bytes in row-major order with ``algorithm`` (a recorded name)."""
-    if algorithm == XXH3 and t.is_cpu and t.is_contiguous() and (nbytes := t.nbytes) <= LEAF_BYTES:
+    if algorithm == XXH3 and t.is_cpu and (nbytes := t.nbytes) <= LEAF_BYTES and t.is_contiguous():
         # The common case, first and with the fewest calls: a census digests thousands of these.
         return xxhash.xxh3_128_hexdigest(_in_place(t, nbytes) if nbytes else b"")
     if t.device.type == "meta":
@@ -102,7 +102,11 @@ _POOL: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _leaf_hasher() -> Callable[[list[memoryview]], list[bytes]]:
-    """Hash leaves on as many threads as torch uses here (the arm sets them per engine)."""
+    """Hash leaves on as many threads as torch uses here (the arm sets them per engine): the
+    caller and ``threads - 1`` pool workers each take the next leaf from one shared iterator
+    until none is left. No future per leaf: on the 2-core EPYC this hashes 64-128 MiB tensors
+    1.2-1.3 times as fast as a ``pool.map`` over the leaves with the caller waiting on each
+    result; and a thread that the shared machine slows down takes fewer leaves."""
     global _POOL
     threads = torch.get_num_threads()
     if threads <= 1:
@@ -110,13 +114,24 @@ def _leaf_hasher() -> Callable[[list[memoryview]], list[bytes]]:
     if _POOL is None or _POOL[0] != threads:
         if _POOL is not None:
             _POOL[1].shutdown(wait=False)
-        _POOL = (threads, ThreadPoolExecutor(threads, thread_name_prefix="refit-harness-digest"))
+        _POOL = (threads, ThreadPoolExecutor(threads - 1, thread_name_prefix="refit-harness-digest"))
     pool = _POOL[1]
-    return lambda leaves: (
-        list(pool.map(xxhash.xxh3_128_digest, leaves))
-        if len(leaves) > 1
-        else [xxhash.xxh3_128_digest(leaf) for leaf in leaves]
-    )
+
+    def hash_all(leaves: list[memoryview]) -> list[bytes]:
+        digests = [b""] * len(leaves)
+        todo = iter(range(len(leaves)))  # next() on it is atomic under the GIL
+
+        def work() -> None:
+            for i in todo:
+                digests[i] = xxhash.xxh3_128_digest(leaves[i])
+
+        helpers = [pool.submit(work) for _ in range(min(threads, len(leaves)) - 1)]
+        work()
+        for helper in helpers:
+            helper.result()
+        return digests
+
+    return hash_all
 
 
 def _blake3(data: torch.Tensor) -> str:
@@ -133,7 +148,7 @@ def host_chunks(data: torch.Tensor, nbytes: int) -> Iterator[memoryview]:
     if data.numel() == 0:
         return
     if data.device.type == "cpu" and data.is_contiguous():
-        yield _in_place(data, nbytes)
+        yield memoryview(_in_place(data, nbytes)).cast("B")  # bytes, to be cut into leaves
         return
     if data.dim() == 0 or nbytes <= _HOST_CHUNK_BYTES:
         yield _bytes_view(data.contiguous().cpu())
@@ -143,11 +158,12 @@ def host_chunks(data: torch.Tensor, nbytes: int) -> Iterator[memoryview]:
         yield _bytes_view(data[start : start + rows].contiguous().cpu())
 
 
-def _in_place(data: torch.Tensor, nbytes: int) -> memoryview:
-    """The ``nbytes`` flat bytes of a non-empty contiguous CPU tensor, read in place from its
-    address (a third of the cost of a numpy view, which counts for thousands of small tensors).
-    The view does not keep ``data`` alive: the caller holds it while the view is used."""
-    return memoryview((ctypes.c_char * nbytes).from_address(data.data_ptr())).cast("B")
+def _in_place(data: torch.Tensor, nbytes: int) -> ctypes.Array[ctypes.c_char]:
+    """The ``nbytes`` bytes of a non-empty contiguous CPU tensor, read in place from its address
+    (measured per small tensor: a numpy view 1.9 µs, this 0.35 µs, and a memoryview cast over it
+    another 0.27 µs, which counts for thousands of small tensors: hashing takes the array as is).
+    The array does not keep ``data`` alive: the caller holds it while the array is used."""
+    return (ctypes.c_char * nbytes).from_address(data.data_ptr())
 
 
 def _bytes_view(data: torch.Tensor) -> memoryview:

@@ -47,7 +47,7 @@ def small_leaves(monkeypatch):
     monkeypatch.setattr(digests, "_HOST_CHUNK_BYTES", 1700)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_xxh3_is_its_tree_definition_for_every_layout_chunking_and_thread_count(small_leaves, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -88,8 +88,9 @@ def test_one_flipped_bit_changes_the_digest(algorithm):
     assert tensor_digest(t.clone(), algorithm) == tensor_digest(t, algorithm)
 
 
-def test_a_contiguous_tensor_is_hashed_in_place(monkeypatch):
-    t = torch.ones(1024, 1024)
+@pytest.mark.parametrize("numel", [1 << 20, (1 << 20) + 1])  # one leaf; a tree of leaves
+def test_a_contiguous_tensor_is_hashed_in_place(monkeypatch, numel):
+    t = torch.ones(numel)
     seen = []
     real = digests._in_place
     monkeypatch.setattr(digests, "_in_place", lambda d, n: seen.append(d.data_ptr()) or real(d, n))
