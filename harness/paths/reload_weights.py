@@ -94,7 +94,8 @@ class ReloadKernelFormat(ReloadPath):
             device="cpu",
             tensor_kinds=("kernel", "closure"),
             # The kernel probes, and the SGL kernels' packed weights (the closures of cpu_linear).
-            tensor_pattern=r"(\.<kernel-output>|\.cpu_linear<closure>\.packed_weight)$",
+            # With a bias, the bias probe too: old weights plus the new bias are neither (Qwen2, Qwen3).
+            tensor_pattern=r"(\.<kernel-output(\+bias)?>|\.cpu_linear<closure>\.packed_weight)$",
             dtypes=("bfloat16",),
             # oneDNN takes bf16 GEMMs on any AVX-512 CPU; SGL runs them on AMX. On AVX2 neither does.
             cpu_capabilities=("avx512_f", "amx_tile"),

@@ -37,7 +37,21 @@ class ShardedStateRoundTrip(ReloadWeightsFromIterator):
             reason="vLLM's CPU backend leaves every linear weight Parameter empty (the weights live in oneDNN handles); "
             "the sharded-state saver skips empty tensors, so the saved state has no linear weights and the "
             'new engine refuses to start from it ("Missing keys ... in loaded state", measured on 0.32, in '
-            "float32; in bfloat16 there are no such handles and the round trip passes)",
+            "float32)",
+        ),
+        KnownIssue(
+            device="cpu",
+            title="CPU: the sharded-state saver skips the empty linear Parameters of bf16 oneDNN kernels, so the "
+            "state cannot be loaded (AVX-512)",
+            error_contains="Missing keys",
+            dtypes=("bfloat16",),
+            # oneDNN takes bf16 GEMMs on any AVX-512 CPU and empties the Parameter; below AVX-512 the
+            # layer keeps a plain torch linear, and the bf16 round trip passes (measured on AVX2).
+            cpu_capabilities=("avx512_f",),
+            reason="the same gap in bfloat16 wherever oneDNN packs bf16 GEMMs: the linear weight Parameters are "
+            'empty, the saver skips them, and the new engine refuses the state ("Missing keys ... in loaded '
+            'state", measured on 0.32 on an AVX512-BF16 EPYC with every tied zoo family; on an AVX2 EPYC the '
+            "bf16 round trip passes)",
         ),
     )
 
