@@ -48,8 +48,6 @@ class InFlight:
         self.streams = [_Stream(i, tuple(ids)) for i, ids in enumerate(prompts)]
         self.paused_at: float | None = None
         self.resumed_at: float | None = None
-        self.live_at_pause = 0
-        """Requests that had not ended when the pause answered."""
         self.finished_before_pause = 0
         """Requests that had already run to their end, without an error, when the pause answered:
         a refit that proves nothing about them (one that failed is an observation, recorded)."""
@@ -66,7 +64,6 @@ class InFlight:
     def mark_paused(self) -> None:
         """Call right after ``/pause`` answered."""
         self.paused_at = time.monotonic()
-        self.live_at_pause = sum(not s.done.is_set() for s in self.streams)
         self.finished_before_pause = sum(s.done.is_set() and s.error is None for s in self.streams)
 
     def mark_resumed(self) -> None:
