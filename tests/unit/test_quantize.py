@@ -394,6 +394,11 @@ def test_the_tied_head_issue_covers_every_in_place_path_it_was_measured_on_and_n
 
     for path in ("reload_weights_iterator", "trainer_steps_gloo", "http_weight_transfer", "dummy_start", "compiled"):
         assert any("tied lm_head" in t for t in titles(path)), path
+    # float32: oneDNN builds the head's handle on every x86 CPU (measured in every tied family).
+    fp32 = PATHS.get("http_reload").known_issues_for(
+        "cpu", "0.32.0", "Qwen2ForCausalLM", "float32", cpu_flags=("avx2",), tied_embeddings=True
+    )
+    assert any("tied lm_head" in k.title for k in fp32)
     assert not any("tied lm_head" in t for t in titles("reload_kernel_format"))
     assert not any("tied lm_head" in t for t in titles("sharded_state"))
     assert any("packed bf16 GEMM" in t for t in titles("reload_kernel_format"))
