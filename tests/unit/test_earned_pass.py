@@ -71,6 +71,26 @@ def test_a_recording_of_one_more_engine_step_is_judged_on_the_steps_both_made():
     }
 
 
+def test_a_noise_floor_of_fewer_engine_steps_still_judges_every_step_of_the_other_two():
+    """CI, --engine-core-process: the reference and subject recorded the prefill in two steps, the
+    noise arm in one; a oneDNN handle (its bytes are pointers, so two cold starts differ) was
+    NOISY in the first step and CORRUPT in the second, failing a correct refit."""
+
+    def step(handle: str) -> tuple[ConsumedTensor, ...]:
+        return (consumed("w", "new"), dataclasses.replace(consumed("handle", handle), op="_C.onednn_mm.default"))
+
+    reference_obs = dataclasses.replace(obs("cold_B", B), consumed=step("ptr-ref") * 2)
+    noise_obs = dataclasses.replace(obs("cold_B", B), consumed=step("ptr-noise"))
+    warm = dataclasses.replace(obs("warm_B", B), consumed=step("ptr-warm") * 2)
+    diffs = compare_consumed(warm, reference_obs, witness=None, before=None, noise=noise_obs)
+    assert sorted(d.status.name for d in diffs) == ["NOISY", "NOISY", "OK", "OK"], diffs
+    # A stale weight in the second step is still STALE against a one-step witness.
+    cold_a = dataclasses.replace(obs("cold_A", A), consumed=(consumed("w", "old"),))
+    stale = dataclasses.replace(obs("warm_B", B), consumed=step("ptr-warm") + (consumed("w", "old"),))
+    diffs = compare_consumed(stale, reference_obs, witness=cold_a, before=None, noise=noise_obs)
+    assert [d.status.name for d in diffs if d.name == "w"] == ["OK", "STALE"], diffs
+
+
 def test_kernel_inputs_and_tensors_share_one_ladder():
     # dtype and shape count for kernel inputs as they do for census tensors.
     wider = dataclasses.replace(consumed("w", "d"), dtype="bfloat16")
