@@ -50,8 +50,8 @@ class ShardedStateRoundTrip(ReloadWeightsFromIterator):
             cpu_capabilities=("avx512_f",),
             reason="the same gap in bfloat16 wherever oneDNN packs bf16 GEMMs: the linear weight Parameters are "
             'empty, the saver skips them, and the new engine refuses the state ("Missing keys ... in loaded '
-            'state", measured on 0.32 on an AVX512-BF16 EPYC with every tied zoo family; on an AVX2 EPYC the '
-            "bf16 round trip passes)",
+            'state", measured on 0.32 on an AVX512-BF16 EPYC with every dense zoo family, tied or not; on an '
+            "AVX2 EPYC the bf16 round trip passes; repro/sharded_state_bf16_onednn_missing_keys.py)",
         ),
     )
 
