@@ -164,6 +164,10 @@ MEASURED_MOE_PATHS = (
 # were measured on the ones docs/findings/mamba-conv-weights.md and amx-linear-bias.md name).
 IN_PLACE_PATHS = tuple(p for p in MEASURED_MOE_PATHS if p != "prefix_cache")
 
+# The RL frameworks' in-place refits beside vLLM's own: a live trainer's steps (over an RPC and
+# over gloo) and the RL HTTP API's weight transfer with requests in flight.
+LIVE_REFIT_PATHS = ("trainer_steps", "trainer_steps_gloo", "http_weight_transfer")
+
 
 UNQUANTIZED = "none"
 """The quantization scope of an engine whose weights are not quantized (``KnownIssue.quantization``)."""
@@ -203,7 +207,7 @@ def _cpu_fused_moe_reload(
 # int8 families): the same CORRUPT kernel probes on every in-place path, the trainer and RL-HTTP
 # ones too (the kernel-format reload's packed GEMMs and the dummy start's attention scales are
 # issues of their own).
-ONEDNN_INT8_PATHS = MEASURED_MOE_PATHS + ("trainer_steps", "trainer_steps_gloo", "http_weight_transfer")
+ONEDNN_INT8_PATHS = MEASURED_MOE_PATHS + LIVE_REFIT_PATHS
 
 # Checkpoint formats whose quantization config gives each attention layer KV-cache scale
 # Parameters (compressed-tensors' KV-cache method), measured in `-s quantized`; GPTQ and AWQ
@@ -213,7 +217,7 @@ KV_SCALE_PARAMETER_FORMATS = ("compressed-tensors/int/channel", "compressed-tens
 # Measured on the AVX512-BF16 EPYC (`run -s zoo --only '*-tied-*'`, every tied family): the tied
 # head's kernel copy stays at A on every path that refits in place, the trainer and RL-HTTP ones
 # too; the kernel-format reload's cells are the packed-GEMM issue's (every kernel is stale there).
-TIED_HEAD_PATHS = tuple(p for p in ONEDNN_INT8_PATHS if p != "reload_kernel_format")
+TIED_HEAD_PATHS = tuple(p for p in MEASURED_MOE_PATHS + LIVE_REFIT_PATHS if p != "reload_kernel_format")
 
 
 def tied_head_issue(dtypes: tuple[str, ...], cpu_capabilities: tuple[str, ...]) -> KnownIssue:
