@@ -14,13 +14,17 @@ boundary, so the default is a non-cryptographic 128-bit hash at memory speed.
 Every algorithm hashes the tensor's bytes in row-major order, whatever its layout; dtype
 and shape are recorded beside the digest. A contiguous CPU tensor is hashed in place; a
 non-contiguous or device tensor is copied to the host a bounded run of rows at a time.
+
+A census digests all its tensors in one call, ``digest_many``; the kernel-input recorder, which
+meets its tensors one op at a time, calls ``digest``. Both give the same digest of a tensor.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import blake3
 import torch
@@ -68,6 +72,54 @@ def digest(t: torch.Tensor, algorithm: str = XXH3) -> str:
     raise ValueError(f"unknown digest algorithm {algorithm!r}; available: {sorted(ALGORITHMS.values())}")
 
 
+def digest_many(tensors: Sequence[torch.Tensor], algorithm: str = XXH3) -> list[str | Exception]:
+    """The digest of each tensor, as ``digest`` gives it, or the exception that stopped it there
+    (one tensor that cannot be read spoils no other).
+
+    Under xxh3 the contiguous CPU tensors, nearly all of a census, are taken together: the small
+    ones in one loop with the fewest calls each, then the leaves of all the large ones from one
+    queue on every thread, so no thread waits at the end of each tensor. Measured on the idle
+    2-core EPYC over the bench's 1.24 GB in 6154 tensors: 0.93-0.99 of a copy's bandwidth where
+    one ``digest`` call per tensor reached 0.81-0.85 (docs/digest.md)."""
+    found: list[str | Exception | None] = [None] * len(tensors)
+    if algorithm == XXH3:
+        _xxh3_in_place(tensors, found)
+    for i, t in enumerate(tensors):
+        if found[i] is None:
+            try:
+                found[i] = digest(t, algorithm)
+            except Exception as exc:
+                found[i] = exc
+    return cast("list[str | Exception]", found)  # every place is filled by now
+
+
+def _xxh3_in_place(tensors: Sequence[torch.Tensor], found: list[str | Exception | None]) -> None:
+    """Fill ``found`` with the xxh3 digests of the contiguous CPU tensors, read in place; the
+    others (and any that raised here) stay ``None``, for ``digest``, which says why."""
+    trees: list[tuple[int, int, memoryview]] = []  # (position, bytes, the bytes) of each tensor above a leaf
+    hexdigest, byte = xxhash.xxh3_128_hexdigest, ctypes.c_char  # bound once: thousands of small tensors
+    for i, t in enumerate(tensors):
+        try:
+            if not (t.is_cpu and t.is_contiguous()):
+                continue
+            nbytes = t.nbytes
+            if nbytes > LEAF_BYTES:
+                trees.append((i, nbytes, memoryview(_in_place(t, nbytes)).cast("B")))
+            else:
+                found[i] = hexdigest((byte * nbytes).from_address(t.data_ptr()) if nbytes else b"")
+        except Exception:
+            continue
+    leaves = [view[at : at + LEAF_BYTES] for _, nbytes, view in trees for at in range(0, nbytes, LEAF_BYTES)]
+    leaf_digests = iter(_leaf_hasher()(leaves))
+    for i, nbytes, _ in trees:
+        found[i] = _tree_root([next(leaf_digests) for _ in range(-(-nbytes // LEAF_BYTES))], nbytes)
+
+
+def _tree_root(leaf_digests: list[bytes], nbytes: int) -> str:
+    """xxh3-128-tree4M of a tensor above one leaf, from its leaves' digests in order."""
+    return xxhash.xxh3_128_hexdigest(b"".join(leaf_digests), seed=nbytes)
+
+
 def _xxh3(data: torch.Tensor) -> str:
     nbytes = data.numel() * data.element_size()
     if nbytes <= LEAF_BYTES:
@@ -95,7 +147,7 @@ def _xxh3(data: torch.Tensor) -> str:
             partial, filled = xxhash.xxh3_128(chunk[at:]), len(chunk) - at
     if partial is not None:
         leaves.append(partial.digest())
-    return xxhash.xxh3_128_hexdigest(b"".join(leaves), seed=nbytes)
+    return _tree_root(leaves, nbytes)
 
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None

@@ -10,7 +10,7 @@ from typing import Any
 from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
 from harness.worker.census import (
-    observe_entry,
+    observe_entries,
     observe_number,
     probe_linear_kernels,
     quant_kernels,
@@ -127,8 +127,7 @@ class RefitObserver:
             entries = []
             unobserved.append(UnobservedRecord("<module-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
         entries += probe_linear_kernels(model, unobserved)
-        for entry in entries:
-            seen = observe_entry(entry, rank, algorithm)
+        for seen in observe_entries(entries, rank, algorithm):
             (unobserved if isinstance(seen, UnobservedRecord) else records).append(seen)
         try:
             records += [observe_number(n, rank) for n in walk_numbers(model)]

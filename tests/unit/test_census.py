@@ -126,7 +126,7 @@ def test_a_kernel_that_cannot_be_probed_is_unobserved_and_the_probe_goes_on():
 
 def test_a_tensor_that_cannot_be_digested_is_unobserved():
     from harness.records import TensorRecord, UnobservedRecord
-    from harness.worker.census import CensusEntry, observe_entry
+    from harness.worker.census import CensusEntry, observe_entries, observe_entry
 
     class NoStorage(torch.Tensor):
         def data_ptr(self):
@@ -137,6 +137,18 @@ def test_a_tensor_that_cannot_be_digested_is_unobserved():
     assert (ok.name, ok.rank, ok.shape, ok.dtype) == ("w", 1, (2,), "float32")
     bad = observe_entry(CensusEntry("odd", "attribute", torch.ones(2).as_subclass(NoStorage)), rank=1)
     assert isinstance(bad, UnobservedRecord) and bad.reason == "RuntimeError: no storage here" and bad.rank == 1
+    # The census's batched call: the same records, in order, and one bad tensor spoils no other.
+    entries = [
+        CensusEntry("w", "parameter", torch.ones(2)),
+        CensusEntry("odd", "attribute", torch.ones(2).as_subclass(NoStorage)),
+        CensusEntry("big", "parameter", torch.arange(3 << 20, dtype=torch.float32)),  # a tree of leaves
+    ]
+    assert observe_entries(entries, rank=1) == [observe_entry(e, rank=1) for e in entries]
+    assert [type(r).__name__ for r in observe_entries(entries, rank=1)] == [
+        "TensorRecord",
+        "UnobservedRecord",
+        "TensorRecord",
+    ]
 
 
 def test_checkpoint_names_are_mapped_with_vllms_own_weights_mapper():

@@ -88,14 +88,66 @@ def test_one_flipped_bit_changes_the_digest(algorithm):
     assert tensor_digest(t.clone(), algorithm) == tensor_digest(t, algorithm)
 
 
+class Unreadable(torch.Tensor):
+    def data_ptr(self):
+        raise RuntimeError("no storage here")
+
+
+def census_like() -> list[torch.Tensor]:
+    """What a census meets, at leaves of 1000 bytes: small tensors, one of exactly a leaf, trees of
+    different leaf counts (a leaf digest given to the wrong tensor shows), views, edge tensors."""
+    g = torch.Generator().manual_seed(5)
+    return [
+        torch.randn(7, generator=g),
+        torch.randn(250, generator=g),  # exactly one leaf
+        torch.randn(1201, generator=g),  # 4804 bytes: 4 leaves and a part
+        torch.randn(64, 48, generator=g).to(torch.bfloat16),  # 6144 bytes
+        torch.randn(64, 48, generator=g).t(),  # not contiguous, above a leaf
+        torch.randn(30, generator=g)[::3],  # not contiguous, small
+        torch.tensor(3.0),
+        torch.empty(0),
+        torch.tensor([True, False, True]),
+        torch.randn(4, generator=g)[1:],  # an offset into its storage
+        torch.randn(300, generator=g).as_subclass(Unreadable),
+        torch.empty(4000, device="meta"),
+        torch.randn(3000, generator=g),  # 12000 bytes: 12 leaves
+    ]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("algorithm", [XXH3, BLAKE3])
+def test_digest_many_gives_each_tensor_its_own_digest_and_a_failure_its_place(small_leaves, threads, algorithm):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tensors = census_like()
+        found = digests.digest_many(tensors, algorithm)
+    finally:
+        torch.set_num_threads(before)
+    assert len(found) == len(tensors)
+    for t, got in zip(tensors, found):
+        if isinstance(t, Unreadable):
+            assert isinstance(got, RuntimeError) and str(got) == "no storage here"
+        elif t.device.type == "meta":
+            assert got == "meta"
+        elif algorithm == XXH3:
+            assert got == xxh3_tree(row_major(t), 1000), t.shape
+        else:
+            assert got == blake3.blake3(row_major(t)).hexdigest(length=16), t.shape
+    assert digests.digest_many([], algorithm) == []
+
+
 @pytest.mark.parametrize("numel", [1 << 20, (1 << 20) + 1])  # one leaf; a tree of leaves
-def test_a_contiguous_tensor_is_hashed_in_place(monkeypatch, numel):
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_contiguous_tensor_is_hashed_in_place(monkeypatch, numel, batched):
     t = torch.ones(numel)
     seen = []
     real = digests._in_place
     monkeypatch.setattr(digests, "_in_place", lambda d, n: seen.append(d.data_ptr()) or real(d, n))
-    tensor_digest(t)
-    assert seen == [t.data_ptr()]  # the tensor's own memory, no copy
+    monkeypatch.setattr(digests, "_bytes_view", lambda d: pytest.fail("copied to the host"))
+    assert (digests.digest_many([t]) if batched else [tensor_digest(t)]) == [xxh3_tree(row_major(t), 4 << 20)]
+    if not (batched and numel <= 1 << 20):  # the batch reads a small tensor's address inline
+        assert seen == [t.data_ptr()]
 
 
 def _device_cases() -> list[torch.Tensor]:
