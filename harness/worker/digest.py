@@ -78,9 +78,9 @@ def digest_many(tensors: Sequence[torch.Tensor], algorithm: str = XXH3) -> list[
 
     Under xxh3 the contiguous CPU tensors, nearly all of a census, are taken together: the small
     ones in one loop with the fewest calls each, then the leaves of all the large ones from one
-    queue on every thread, so no thread waits at the end of each tensor. Measured on the idle
-    2-core EPYC over the bench's 1.24 GB in 6154 tensors: 0.93-0.99 of a copy's bandwidth where
-    one ``digest`` call per tensor reached 0.81-0.85 (docs/digest.md)."""
+    queue on every thread, so no thread waits at the end of each tensor. Measured by the bench
+    on the 2-core EPYC with nothing else running, 1.24 GB in 6154 tensors: 0.93-1.02 of a
+    copy's bandwidth, where one ``digest`` call per tensor reached 0.85-0.94 (docs/digest.md)."""
     found: list[str | Exception | None] = [None] * len(tensors)
     if algorithm == XXH3:
         _xxh3_in_place(tensors, found)
