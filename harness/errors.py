@@ -58,3 +58,8 @@ class InfrastructureError(HarnessError, RuntimeError):
     """Ray (or another piece of the machinery, not an engine) failed."""
 
     keeps_traceback = True
+
+
+class VllmApiError(HarnessError, RuntimeError):
+    """The installed vLLM lacks a name the harness needs in every version it supports (the
+    message says where it looked)."""

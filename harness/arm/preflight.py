@@ -51,6 +51,7 @@ from harness.arm.placement import (
 )
 from harness.plan import ArmPlan, PreflightFinding, PreflightRequest
 from harness.spec.transfer import BACKENDS, TransferLayout, layout
+from harness.worker import vllm_compat
 
 Finding = PreflightFinding
 W = "vllm.distributed.weight_transfer."
@@ -98,7 +99,7 @@ def transport_stops(backend: str, rank: int) -> list[tuple[str, dict[str, Any]]]
         # The runtime package may be missing here (a SKIP of its own); its import is not transport.
         "nccl_m2n": [
             (W + "m2n_trainer.import_m2n", {"return_value": types.SimpleNamespace()}),
-            (W + "m2n_trainer.trainer_init", {"side_effect": _stop}),
+            (W + "m2n_trainer." + vllm_compat.m2n_rendezvous_target(), {"side_effect": _stop}),
         ],
         # IPC needs no rendezvous: its trainer asks CUDA only for the sender GPU's UUID.
         "ipc": [
@@ -202,7 +203,6 @@ def check_attention(arm: ArmPlan, cfg, capability: tuple[int, int], where: str) 
 def check_kv_cache(arm: ArmPlan, cfg, kwargs: dict[str, Any], where: str) -> list[Finding]:
     """vLLM's own KV-cache check for the arm's KV cache size."""
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    from vllm.v1.core.kv_cache_utils import check_enough_kv_cache_memory
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     mc, pc = cfg.model_config, cfg.parallel_config
@@ -223,7 +223,7 @@ def check_kv_cache(arm: ArmPlan, cfg, kwargs: dict[str, Any], where: str) -> lis
     layouts = [layout.name for layout in get_supported_kv_cache_layouts((backend_cls,))]
     resolve_kv_cache_layout(cfg, [layouts], spec.values())
     try:
-        check_enough_kv_cache_memory(cfg, spec, available)
+        vllm_compat.resolve("check_enough_kv_cache_memory")(cfg, spec, available)
     except ValueError as exc:
         return [Finding("problem", where, "kv-cache", f"{available >> 20} MiB: {' '.join(str(exc).split())[:300]}")]
     return [Finding("ok", where, "kv-cache", f"{available >> 20} MiB holds max_model_len {mc.max_model_len}")]
@@ -263,7 +263,7 @@ def check_update_payload(arm: ArmPlan, placed: TransferLayout, where: str) -> li
     engine_cls = WeightTransferEngineFactory._registry[backend]()
     a = checkpoint_source(backend, arm.checkpoints.a, device="cpu")
     b = checkpoint_source(backend, arm.checkpoints.b, device="cpu")
-    meta = b.metadata()
+    meta = vllm_compat.source_metadata(b)
     dense = {
         "names": [m.name for m in meta],
         "dtype_names": [str(m.dtype).split(".")[-1] for m in meta],

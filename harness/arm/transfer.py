@@ -7,9 +7,11 @@ Inference side: vLLM's worker builds ``WeightTransferEngineFactory.create_engine
 
 The ``gloo`` backend is registered in both of vLLM's factories by the harness's general
 plugin. It mirrors the NCCL engine: a stateless process group (loopback by default),
-and a receive that goes through the same layerwise-reload lifecycle
-(``initialize_layerwise_reload`` -> ``model.load_weights`` per tensor ->
-``finalize_layerwise_reload``). Only the transport differs.
+and a receive that goes through the same reload lifecycle as the installed vLLM's own engines
+(``vllm_compat.start_reload`` -> ``model.load_weights`` per tensor -> ``finish_reload``: the
+layerwise pair before 0.34, the ``VLLM_RELOAD_MODE`` dispatch from 0.34). Only the transport
+differs. The sources the trainer sends from sit on ``vllm_compat.weight_source_base``, which
+maps them onto the installed vLLM's ``WeightSource`` protocol.
 """
 
 from __future__ import annotations
@@ -27,15 +29,13 @@ from vllm.distributed.weight_transfer.base import (
     ParamMeta,
     TrainerInitInfo,
     TrainerWeightTransferEngine,
-    WeightSource,
     WeightTransferEngine,
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
-from vllm.distributed.weight_transfer.m2n_common import REPLICATED, M2NMesh, M2NParamMeta
-from vllm.distributed.weight_transfer.m2n_source import M2NWeightSource
 
 from harness import loopback, safetensors_files
+from harness.worker import vllm_compat
 
 _TIMEOUT = timedelta(seconds=300)
 
@@ -127,14 +127,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.group = _gloo_group(init_info.master_address, init_info.master_port, rank, init_info.world_size)
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
+        vllm_compat.start_reload(self.model)
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        finalize_layerwise_reload(self.model, self.model_config)
+        vllm_compat.finish_reload(self.model, self.model_config, self.device)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class ends with torch.accelerator.synchronize(), which raises where
@@ -193,7 +189,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     def send_weights(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        meta = self.source.metadata()
+        meta = vllm_compat.source_metadata(self.source)
         info = GlooWeightTransferUpdateInfo(
             names=[m.name for m in meta],
             dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
@@ -202,7 +198,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.client.start_weight_update()
         with ThreadPoolExecutor(max_workers=1) as pool:
             received = pool.submit(self.client.update_weights, asdict(info))
-            for (_, tensor), m in zip(self.source, meta):
+            for (_, tensor), m in zip(vllm_compat.source_tensors(self.source), meta):
                 _broadcast(self.group, tensor.to(m.dtype).contiguous())
             received.result()
         self.client.finish_weight_update()
@@ -211,7 +207,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.group = None
 
 
-class CheckpointSource(WeightSource):
+class CheckpointSource(vllm_compat.weight_source_base()):  # type: ignore[misc]
     """A ``WeightSource`` over a safetensors checkpoint directory (the trainer's weights).
 
     - ``device``: where the tensors are handed over; NCCL sends from device pointers and CUDA
@@ -224,7 +220,8 @@ class CheckpointSource(WeightSource):
       vLLM's ``layerwise_groups`` orders them, instead of the files' order; the sharded-RDT
       trainer refuses any other ("metadata order is group-contiguous").
 
-    ``metadata()`` and iteration always agree, element for element (vLLM's NCCL trainer checks).
+    ``param_metas()`` and ``tensors()`` always agree, element for element (vLLM's NCCL trainer
+    checks).
     """
 
     def __init__(
@@ -255,13 +252,13 @@ class CheckpointSource(WeightSource):
             entries.sort(key=lambda e: rank[e[1]])
         return entries
 
-    def metadata(self) -> list[ParamMeta]:
+    def param_metas(self) -> list[ParamMeta]:
         return [
             ParamMeta(name=name, dtype=safetensors_files.torch_dtype(entry["dtype"]), shape=tuple(entry["shape"]))
             for _, name, entry in self._entries()
         ]
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         from contextlib import ExitStack
 
         from safetensors import safe_open
@@ -287,16 +284,9 @@ class CheckpointSource(WeightSource):
                     yield name, tensor(f, name).to(self.device)
 
 
-class M2NCheckpointSource(CheckpointSource, M2NWeightSource):
-    """The checkpoint as the ``M2NWeightSource`` vLLM's m2n trainer requires: one trainer rank
-    holding every tensor whole, so the mesh is ``(1, 1)`` and every tensor is ``REPLICATED``
-    (m2n reshards each into the workers' tensor-parallel layout)."""
-
-    def mesh(self) -> M2NMesh:
-        return M2NMesh((1, 1), 0)
-
-    def metadata(self) -> list[ParamMeta]:
-        return [M2NParamMeta(m.name, m.dtype, m.shape, REPLICATED) for m in CheckpointSource.metadata(self)]
+M2NCheckpointSource = vllm_compat.m2n_source_class(CheckpointSource)
+"""The checkpoint as vLLM's m2n trainer takes it: one trainer rank holding every tensor whole,
+replicated (m2n reshards each into the workers' tensor-parallel layout)."""
 
 
 def checkpoint_source(backend: str, directory: str | Path, **options) -> CheckpointSource:
@@ -310,18 +300,18 @@ def checkpoint_source(backend: str, directory: str | Path, **options) -> Checkpo
     return cls(directory, layer_order=b.layer_order, **options)
 
 
-class TensorSource(WeightSource):
+class TensorSource(vllm_compat.weight_source_base()):  # type: ignore[misc]
     """A ``WeightSource`` over tensors a live trainer holds: ``(name, tensor)`` pairs, sent in
     this order, under these names and in these dtypes."""
 
     def __init__(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        self.tensors = list(tensors)
+        self.pairs = list(tensors)
 
-    def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(name=n, dtype=t.dtype, shape=tuple(t.shape)) for n, t in self.tensors]
+    def param_metas(self) -> list[ParamMeta]:
+        return [ParamMeta(name=n, dtype=t.dtype, shape=tuple(t.shape)) for n, t in self.pairs]
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.tensors)
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.pairs)
 
 
 class TrainerActor:
@@ -406,9 +396,9 @@ def sparse_patches(held: CheckpointSource, target: CheckpointSource) -> list:
     int32 indices"), so a tensor must have fewer than 2**31 elements."""
     from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
 
-    old = dict(held)
+    old = dict(vllm_compat.source_tensors(held))
     patches = []
-    for name, new in target:
+    for name, new in vllm_compat.source_tensors(target):
         if new.numel() >= 2**31:
             raise ValueError(f"{name} has {new.numel()} elements: more than int32 sparse indices can address")
         changed = (new != old[name].to(new.device)).reshape(-1).nonzero().reshape(-1).to(torch.int32)

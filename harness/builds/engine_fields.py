@@ -109,17 +109,25 @@ def kinds(tp):  # the JSON kinds a field accepts (None: cannot tell, so nothing 
     return None  # a config class (vLLM converts maps, levels and strings itself): not checked
 
 fields = dataclasses.fields(arg_utils.EngineArgs)
-server = []
-try:
-    from vllm.entrypoints.launchers.cli_args import FrontendArgs
-    server = [f.name for f in dataclasses.fields(FrontendArgs)]
-except Exception:
-    pass
+server = [f.name for f in dataclasses.fields(vllm_name("FrontendArgs"))]
 out = {"vllm": vllm.__version__, "names": [f.name for f in fields],
        "choices": [[f.name, c] for f in fields if (c := choices(f.type))], "server_only": server,
        "kinds": [[f.name, sorted(k)] for f in fields if (k := kinds(f.type)) is not None]}
 print("REFIT_HARNESS_FIELDS " + json.dumps(out))
 """
+
+
+HARNESS_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout (or site-packages) that holds this ``harness`` package."""
+
+
+def with_adapter(code: str) -> str:
+    """``code`` with the harness's version adapter importable under a build's interpreter (a
+    build need not have the harness installed; the adapter needs only the standard library)."""
+    return (
+        f"import sys\nsys.path.insert(0, {str(HARNESS_ROOT)!r})\nfrom harness.worker.vllm_compat import resolve as vllm_name\n"
+        + code
+    )
 
 
 def _ask(python: str, code: str, marker: str, build: str, timeout: float) -> dict:
@@ -153,7 +161,7 @@ def engine_fields(build: BuildSpec | None = None, cache: Path = DEFAULT_CACHE, t
             return store.load(EngineFields, file, "engine_fields")
         except store.SchemaError:
             pass  # written by another harness version: ask again
-    facts = _ask(python, _FIELDS, "REFIT_HARNESS_FIELDS", name, timeout=timeout)
+    facts = _ask(python, with_adapter(_FIELDS), "REFIT_HARNESS_FIELDS", name, timeout=timeout)
     fields = EngineFields(
         vllm=str(facts["vllm"]),
         names=tuple(facts["names"]),

@@ -132,9 +132,10 @@ def test_one_safetensors_reader_headers_and_tensors_in_data_order(ckpt, tmp_path
     assert [name for name, _ in safetensors_files.tensors([f], exclude=["w"], only=["w", "bias"])] == ["bias"]
     pytest.importorskip("vllm")
     from harness.arm.transfer import CheckpointSource
+    from harness.worker import vllm_compat
 
     source = CheckpointSource(ckpt, exclude=("bias",))
-    assert [(m.name, m.dtype, tuple(m.shape)) for m in source.metadata()] == [
+    assert [(m.name, m.dtype, tuple(m.shape)) for m in vllm_compat.source_metadata(source)] == [
         (name, t.dtype, tuple(t.shape)) for name, t in source
     ]
     (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 16)
