@@ -260,6 +260,27 @@ def create_build(
         return python
 
 
+def create_cpu_source_build(
+    vllm_spec: str, cache: Path = DEFAULT_CACHE, log=print, variants: tuple[str, ...] | None = None
+) -> Path:
+    """vLLM for this CPU from ``vllm_spec``'s source distribution, or from a CPU wheel built
+    elsewhere (``harness.builds.source``); returns its interpreter. ``variants``: the CPU
+    extension variants to compile (default: the one vLLM imports on this CPU)."""
+    from harness.builds.source import create_cpu_build, native_variant
+    from harness.cpu_isa import host_capabilities
+
+    chosen = variants or (native_variant(host_capabilities().flags),)
+    return create_cpu_build(
+        vllm_spec,
+        build_dir(f"{vllm_spec} cpu-source {','.join(chosen)}", cache),
+        STAMP,
+        ENGINE_EXTRAS,
+        lambda python: describe(BuildSpec("build", str(python)), cache),
+        chosen,
+        log=log,
+    )
+
+
 def _step(log, cmd: list[str], what: str, check: bool = True) -> None:
     log(f"build: {what}: {' '.join(cmd)}")
     env = dict(os.environ)

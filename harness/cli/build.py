@@ -1,6 +1,8 @@
 """``refit-harness build NAME --vllm SPEC [--full] [--patch FILE.diff ...]``: create (or reuse) a
-build of another vLLM: an overlay over the harness's own environment (default) or a venv of its
-own (``--full``), optionally with unified diffs applied to its installed ``vllm`` package."""
+build of another vLLM: an overlay over the harness's own environment (default), a venv of its
+own (``--full``), or, for PyPI's ``vllm`` on a machine without CUDA (no CPU wheel after 0.32),
+a venv with vLLM compiled for this CPU from its source distribution (``harness.builds.source``);
+optionally with unified diffs applied to its installed ``vllm`` package."""
 
 from __future__ import annotations
 
@@ -32,6 +34,13 @@ def add_parsers(sub) -> None:
         "for a local checkout)",
     )
     build.add_argument(
+        "--cpu-variants",
+        metavar="V1,V2",
+        help="where vLLM is built from source for the CPU (--vllm vllm==X without CUDA, where PyPI has no CPU "
+        "wheel): the x86 extension variants to compile, of _C (AVX512-BF16/AMX), _C_AVX512, _C_AVX2 "
+        "(default: the one vLLM imports on this CPU; --cpu-isa runs need the lower ones too)",
+    )
+    build.add_argument(
         "--patch",
         action="append",
         default=[],
@@ -46,7 +55,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     from harness.builds.overlay import create_overlay_build
     from harness.builds.patches import read_patch
-    from harness.builds.venvs import check_name, create_build, create_patched_build
+    from harness.builds.source import X86_VARIANTS, is_cpu_wheel, wants_source_build
+    from harness.builds.venvs import check_name, create_build, create_cpu_source_build, create_patched_build
+    from harness.device import cuda_available
     from harness.errors import UsageError
 
     check_name(args.name)
@@ -55,8 +66,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise UsageError("--base-env patches an existing environment: give at least one --patch")
     if args.base_env and args.full:
         raise UsageError("--full makes a venv for --vllm; --base-env patches an existing environment")
+    variants = tuple(v for v in (args.cpu_variants or "").split(",") if v)
+    if unknown := [v for v in variants if v not in X86_VARIANTS]:
+        raise UsageError(f"--cpu-variants: unknown {', '.join(unknown)}; known: {', '.join(X86_VARIANTS)}")
     if args.base_env:
         base = args.base_env
+    elif args.vllm and (wants_source_build(args.vllm, cuda_available()) or is_cpu_wheel(args.vllm)):
+        base = create_cpu_source_build(args.vllm, log=progress, variants=variants or None)
     elif args.full or Path(args.vllm).expanduser().is_dir():
         base = create_build(args.vllm, log=progress)
     else:
