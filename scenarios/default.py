@@ -1,5 +1,6 @@
 """Scenarios on the embedded tiny Qwen3: what ``make run`` and CPU CI exercise."""
 
+from harness.spec.engine_config import EngineConfig
 from harness.spec.scenario import ModelRef, ScenarioSpec
 
 TINY = ModelRef(label="tiny-qwen3", builder="tiny-qwen3")
@@ -21,14 +22,24 @@ CPU_PATHS = (
     "prefix_cache",
     "compiled",
 )
+# The paths whose refit runs vLLM's reload lifecycle (reload_weights, or a weight-transfer engine's
+# start/finish), so the reload mode changes them; the rest are the same cells in either mode.
+DIRECT_PATHS = ("reload_weights", "reload_weights_iterator", "transfer_gloo", "http_reload")
+ENGINE_CONFIGS = (
+    EngineConfig(),
+    # VLLM_RELOAD_MODE=direct (vLLM 0.34+): SKIPPED, declined, on an older vLLM.
+    EngineConfig(label="direct", reload_mode="direct", paths=DIRECT_PATHS),
+)
 
 
 def default() -> ScenarioSpec:
     return ScenarioSpec(
         name="default",
-        description="every CPU-capable reload path on the embedded tiny Qwen3",
+        description="every CPU-capable reload path on the embedded tiny Qwen3, and the reload "
+        "paths again in vLLM's direct reload mode (0.34+)",
         models=(TINY,),
         paths=CPU_PATHS,
+        engine_configs=ENGINE_CONFIGS,
     )
 
 

@@ -262,7 +262,13 @@ class RayEngine(EngineBase):
                 log_to_driver=False,
                 namespace=RAY_NAMESPACE,
                 # The actor's vLLM sees the arm's CPU (its plugin applies the same override).
-                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path), **override_env(arm.engine.cpu_isa)}},
+                runtime_env={
+                    "env_vars": {
+                        "PYTHONPATH": os.pathsep.join(sys.path),
+                        **override_env(arm.engine.cpu_isa),
+                        **arm.engine.reload_env(),
+                    }
+                },
             )
         from harness.arm.placement import engine_actor_options, engine_placement_group
 
@@ -558,7 +564,22 @@ def serve_command(model: str) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
 
 
+def check_reload_mode(arm: ArmPlan) -> None:
+    """Raise ``DeclinedByVllm`` for a reload mode this vLLM does not have (``direct`` is 0.34+):
+    an older vLLM ignores ``VLLM_RELOAD_MODE`` and would reload layerwise under the direct label."""
+    from harness.worker.vllm_compat import supported_reload_modes
+
+    if arm.engine.reload_mode not in supported_reload_modes():
+        import vllm
+
+        raise DeclinedByVllm(
+            f"vLLM {vllm.__version__} has no reload mode {arm.engine.reload_mode!r} "
+            "(VLLM_RELOAD_MODE: layerwise or direct, vLLM 0.34+)"
+        )
+
+
 def build_engine(arm: ArmPlan, log_dir: Path, overrides: dict[str, Any] | None = None) -> EngineBase:
+    check_reload_mode(arm)
     kind = arm.requirements.kind
     if kind == "ray_llm":
         return RayEngine(arm, overrides)

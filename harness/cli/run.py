@@ -16,6 +16,7 @@ from harness.cpu_isa import LEVEL_CHOICES, NATIVE, override_from_env
 from harness.errors import BuildError, UsageError
 from harness.orchestrate.execute import ArmEvents, Progress
 from harness.settings import CPU_ISA_ENV
+from harness.spec.engine_config import RELOAD_MODES
 from harness.spec.run import (
     ControlSpec,
     DigestChoice,
@@ -105,6 +106,14 @@ def add_parsers(sub) -> None:
         help="make vLLM take the CPU kernel branches of a smaller CPU on this one: its AVX-512/AMX "
         "capabilities are hidden from vLLM in every engine process and oneDNN is capped the same way "
         f"(default: {CPU_ISA_ENV}, else native; see docs/isa.md)",
+    )
+    run.add_argument(
+        "--reload-mode",
+        choices=RELOAD_MODES,
+        default=None,
+        help="vLLM's in-place reload mode (VLLM_RELOAD_MODE, vLLM 0.34+; older vLLM declines 'direct', "
+        "SKIPPED); with -s: run only the scenario's engine configurations of this mode (default: layerwise "
+        "for a plain run, every configuration of a scenario)",
     )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(
@@ -306,6 +315,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             engine_core_process=args.engine_core_process,
             engine_args=engine_args_of(args),
             cpu_isa=cpu_isa_of(args),
+            reload_mode=args.reload_mode or RELOAD_MODES[0],
         ),
         perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
         control=ControlSpec(tensor=args.control_tensor),
@@ -395,6 +405,15 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["engine_configs"] = tuple(replace(c, args=merge(c.args, given)) for c in scenario.engine_configs)
     if cpu_isa_of(args) != NATIVE:
         changes["cpu_isa"] = cpu_isa_of(args)
+    if args.reload_mode:
+        configs = changes.get("engine_configs", scenario.engine_configs)
+        kept = tuple(c for c in configs if c.reload_mode == args.reload_mode)
+        if not kept:
+            modes = sorted({c.reload_mode for c in configs})
+            raise UsageError(
+                f"--reload-mode {args.reload_mode}: scenario {scenario.name!r} has only {', '.join(modes)}"
+            )
+        changes["engine_configs"] = kept
     return replace(scenario, **changes)
 
 

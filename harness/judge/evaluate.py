@@ -146,6 +146,7 @@ def evaluate(out: Path) -> Evaluation:
                 kernels,
                 quantization,
                 record.checkpoints.tied_embeddings,
+                record.spec.engine.reload_mode,
             )
             found = trainer_step_verdicts(
                 path,
@@ -185,6 +186,7 @@ def evaluate(out: Path) -> Evaluation:
                 kernels,
                 quantization,
                 record.checkpoints.tied_embeddings,
+                record.spec.engine.reload_mode,
             ),
             require_cache_hits=cls.needs_cache_hits,
             graphs=graphs,

@@ -394,7 +394,20 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
             "enable_prefix_caching": spec.engine.setting("enable_prefix_caching") if prefix is None else prefix,
         }
         known = next(
-            (k for k in skips if k.applies(p, device, version, architecture, spec.engine.dtype, engine, cpu_flags)),
+            (
+                k
+                for k in skips
+                if k.applies(
+                    p,
+                    device,
+                    version,
+                    architecture,
+                    spec.engine.dtype,
+                    engine,
+                    cpu_flags,
+                    reload_mode=spec.engine.reload_mode,
+                )
+            ),
             None,
         )
         if known:

@@ -111,7 +111,14 @@ class ArmForker:
     def can_fork(self, arm: ArmPlan) -> bool:
         if os.environ.get(FORK_ARMS_ENV, "1") == "0" or self._failed:
             return False
-        return (arm.role in FRESH_ROLES) == self.floor and arm.engine.cpu_isa == NATIVE and not cuda_available()
+        return (
+            (arm.role in FRESH_ROLES) == self.floor
+            and arm.engine.cpu_isa == NATIVE
+            # vLLM reads VLLM_RELOAD_MODE in its own processes; a zygote that imported vLLM under
+            # the default must not be the parent of an arm with another mode
+            and not arm.engine.reload_env()
+            and not cuda_available()
+        )
 
     def launch(self, arm_argv: list[str], log_file: Path, env: dict[str, str]) -> ForkedArm | None:
         """The forked arm, or None when the zygote cannot be had (the caller starts it fresh)."""

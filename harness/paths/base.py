@@ -145,6 +145,7 @@ class ReloadPath:
         kernels: tuple[str, ...] = (),
         quantization: str | None = None,
         tied_embeddings: bool | None = None,
+        reload_mode: str = "layerwise",
     ) -> tuple[KnownIssue, ...]:
         """Every known issue expected for such a subject, an architecture's or a kernel's first:
         a cell can hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format
@@ -168,6 +169,7 @@ class ReloadPath:
                 kernels=kernels,
                 quantization=quantization,
                 tied_embeddings=tied_embeddings,
+                reload_mode=reload_mode,
             )
         )
 

@@ -20,9 +20,20 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.errors import UsageError
+
+ReloadMode = Literal["layerwise", "direct"]
+"""How vLLM reloads checkpoint-format weights in place (``VLLM_RELOAD_MODE``, vLLM 0.34+):
+``layerwise`` rematerializes each layer's tensors and loads into them; ``direct`` views the
+existing storage back to checkpoint layout, loads into it and reruns post-load processing (no
+rollback; vLLM refuses it with LoRA, online quantization and sharded_rdt). Before 0.34 every
+reload is layerwise, and a ``direct`` cell is SKIPPED as declined by vLLM."""
+RELOAD_MODES: tuple[ReloadMode, ...] = ("layerwise", "direct")
+"""Every reload mode, vLLM's default first."""
+RELOAD_MODE_ENV = "VLLM_RELOAD_MODE"
+"""The variable vLLM reads, once per process, for the reload mode."""
 
 EngineArgs = tuple[tuple[str, str], ...]
 """Engine arguments as ``(field, JSON text of its value)`` pairs, sorted by field, each field once."""
@@ -83,6 +94,11 @@ class EngineConfig:
     (empty: anywhere); elsewhere its cells are SKIPPED with ``skip_reason``."""
     skip_reason: str = ""
     """Why it cannot run elsewhere (shown as the SKIPPED reason)."""
+    reload_mode: ReloadMode = "layerwise"
+    """vLLM's reload mode for its cells (``EngineSpec.reload_mode``)."""
+    paths: tuple[str, ...] = ()
+    """The scenario's paths it runs (empty: all of them): a reload mode changes only the paths
+    whose refit goes through vLLM's reload lifecycle."""
 
     def applies_to(self, model_label: str) -> bool:
         return not self.models or model_label in self.models

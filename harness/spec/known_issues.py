@@ -78,6 +78,10 @@ class KnownIssue:
     taken only there (empty: every CPU). A record without capabilities (older harnesses)
     expects nothing of such an issue."""
 
+    reload_modes: tuple[str, ...] = ()
+    """vLLM reload modes it was measured in (``EngineSpec.reload_mode``; empty: every mode): the
+    ``direct`` mode's post-load rerun can fix, or cause, what the layerwise reload does not."""
+
     def applies(
         self,
         path: str,
@@ -90,6 +94,7 @@ class KnownIssue:
         kernels: tuple[str, ...] = (),
         quantization: str | None = None,
         tied_embeddings: bool | None = None,
+        reload_mode: str = "layerwise",
     ) -> bool:
         """Whether this issue is expected for a subject that ran ``path`` on ``device``
         (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, (when
@@ -109,6 +114,8 @@ class KnownIssue:
         if self.paths and path not in self.paths:
             return False
         if self.dtypes and dtype not in self.dtypes:
+            return False
+        if self.reload_modes and reload_mode not in self.reload_modes:
             return False
         if self.cpu_capabilities and not set(self.cpu_capabilities) & set(cpu_flags or ()):
             return False

@@ -7,7 +7,7 @@ from typing import Literal
 
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
 from harness.spec.build import BuildSpec
-from harness.spec.engine_config import EngineArgs, decode
+from harness.spec.engine_config import RELOAD_MODE_ENV, RELOAD_MODES, EngineArgs, ReloadMode, decode
 
 Mode = Literal["eager", "compiled"]
 DigestChoice = Literal["auto", "xxh3", "blake3", "device"]
@@ -51,6 +51,10 @@ class EngineSpec:
     """The CPU capability level vLLM is made to see (``--cpu-isa``): ``native``, or ``avx512_bf16``,
     ``avx512``, ``avx2`` to take a smaller CPU's kernel branches on this one (``harness.cpu_isa``).
     Part of every arm's plan, so of the arm and reference keys."""
+    reload_mode: ReloadMode = "layerwise"
+    """vLLM's reload mode for every arm (``--reload-mode``; set as ``VLLM_RELOAD_MODE`` in every
+    vLLM process the arm starts). Part of every arm's plan, so of the arm and reference keys, and
+    a scope of known issues."""
     engine_args: EngineArgs = ()
     """Further vLLM engine arguments every arm is built with (``--engine-arg``, ``--engine-config``,
     a scenario's engine configuration), as sorted ``(EngineArgs field, JSON value)`` pairs.
@@ -61,6 +65,11 @@ class EngineSpec:
     def vllm_kwargs(self) -> dict:
         """The engine arguments as ``LLM(...)`` keyword arguments."""
         return decode(self.engine_args)
+
+    def reload_env(self) -> dict[str, str]:
+        """The variables that give an arm's vLLM processes this reload mode; none for vLLM's
+        default, so that a vLLM without the variable never sees it."""
+        return {} if self.reload_mode == RELOAD_MODES[0] else {RELOAD_MODE_ENV: self.reload_mode}
 
     def setting(self, name: str):
         """The value an arm runs with for one of the harness's own settings above, after the

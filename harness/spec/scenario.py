@@ -140,7 +140,11 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                             + _DTYPE_TAG.get(dtype, f"-{dtype}")
                             + (f"-p{perturb.seed}" if len(s.perturbations) > 1 else "")
                         )
-                        paths = tuple(p for p in s.paths if _keep(f"{p}[{gid}]", only, skip))
+                        paths = tuple(
+                            p
+                            for p in s.paths
+                            if (not config.paths or p in config.paths) and _keep(f"{p}[{gid}]", only, skip)
+                        )
                         if not paths:
                             continue
                         spec = RunSpec(
@@ -155,6 +159,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 engine_core_process=s.engine_core_process,
                                 engine_args=merge(m.engine_args, config.args),
                                 cpu_isa=s.cpu_isa,
+                                reload_mode=config.reload_mode,
                             ),
                             control=s.control,
                             prompts=s.prompts,

@@ -83,6 +83,7 @@ def test_changing_checkpoint_b_content_changes_the_key(base, change):
         {"engine": EngineSpec(seed=1)},
         {"engine": EngineSpec(kv_cache_memory_bytes=32 << 20)},
         {"engine": EngineSpec(engine_args=(("kv_cache_dtype", '"fp8"'),))},
+        {"engine": EngineSpec(reload_mode="direct")},
         {"prompts": PromptSpec(max_tokens=11)},
         {"prompts": PromptSpec(token_ids=((1, 2, 3),))},
         {"prompts": PromptSpec(logprobs=4)},
