@@ -47,11 +47,19 @@ def observe(
     label: ObservationLabel,
     in_flight: tuple[InFlightRequest, ...] = (),
     probe_graphs: bool = False,
+    first_forward: bool = False,
 ) -> Observation:
     """Census, one recorded forward (a long prefill and a decode step inside the captured batch
     sizes), greedy outputs; and, right after a refit under CUDA graphs (``probe_graphs``), which
     moved tensors captured graphs still read at their old storage. ``in_flight``: the requests
-    the refit before this observation saw generating, followed to their end."""
+    the refit before this observation saw generating, followed to their end.
+
+    ``first_forward``: this engine has not run a forward yet, so one short request runs first.
+    Every census is then taken after at least one forward, on a cold arm as on a warm one: a
+    tensor a model derives lazily on its first forward exists in both, and a warm engine's copy
+    left from before its refit is named STALE, not EXTRA or CORRUPT."""
+    if first_forward:
+        engine.generate(warm_up_prompt(arm.prompts))
     per_rank = [
         store.from_jsonable(RankCensus, r)
         for r in engine.rpc(
@@ -93,6 +101,15 @@ def observe(
         graphs_probed=probe_graphs,
         in_flight=in_flight,
     )
+
+
+WARM_UP_TOKENS = 8
+"""Tokens of the warm-up request: fewer than a KV block holds, so prefix caching keeps none of it."""
+
+
+def warm_up_prompt(prompts: PromptSpec) -> PromptSpec:
+    """One short request, one token: the first few tokens of the first prompt."""
+    return PromptSpec(token_ids=(tuple(prompts.token_ids[0][:WARM_UP_TOKENS]),), max_tokens=1, logprobs=1)
 
 
 def graph_prompts(arm: ArmPlan, max_tokens: int = 4) -> PromptSpec:
@@ -366,6 +383,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 path.spec = arm.trainer  # type: ignore[attr-defined]  # a trainer path's trainer spec
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
+        forwarded = False  # whether the engine has run a forward (``observe``'s ``first_forward``)
         watchdog = watch_engine_processes(lambda why: save("error", why))
         cpu[0], kernels[0] = worker_dispatch(engine, cpu[0])
         for step in arm.steps:
@@ -395,6 +413,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(
                         arm, result_path.parent, {"model": restart.model, "load_format": restart.load_format}
                     )
+                    forwarded = False
                     watchdog = watch_engine_processes(lambda why: save("error", why))
             elif isinstance(step, Probe):
                 label = step.label
@@ -407,7 +426,10 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     save("error", f"arm stopped after measuring {str(label)!r}")
             else:
                 current[0] = (step.label.path, f"observe {step.label.stage}")
-                observations.append(observe(engine, arm, step.label, in_flight, probe_graphs=held))
+                observations.append(
+                    observe(engine, arm, step.label, in_flight, probe_graphs=held, first_forward=not forwarded)
+                )
+                forwarded = True
                 held = False
                 in_flight = ()
                 # Keep what was measured; if the arm dies later, this file says so.
@@ -447,7 +469,9 @@ _UNSUPPORTED = re.compile(
     r"|Failed to find a kernel that can implement"
     # a custom op the CPU build declares without a kernel, so with no arguments at all
     # (measured: "_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4")
-    r"|_C::\w+\(\) expected at most 0 argument",
+    r"|_C::\w+\(\) expected at most 0 argument"
+    # a configuration a vLLM option refuses by design (0.34: "Direct reload does not support LoRA.")
+    r"|\bdoes not support\b",
     re.IGNORECASE,
 )
 
@@ -563,6 +587,7 @@ def main(argv: list[str]) -> int:
     from harness.worker.cpu_dispatch import prepare_arm
 
     prepare_arm(arm.engine.cpu_isa)
+    os.environ.update(arm.engine.reload_env())
     result = run(arm, result_path)
     return 0 if result.status == "ok" else 1
 

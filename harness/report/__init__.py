@@ -43,7 +43,7 @@ def write_reports(ev: Evaluation, out: Path) -> dict[str, Path]:
     write_atomic(files["summary.json"], json.dumps(summary, indent=2, default=str))
     write_atomic(files["summary.md"], render_markdown(ev, summary))
     write_atomic(files["index.html"], render_html(ev, summary, tensors, tokens, consumed, hooks))
-    script = repro_script(ev)  # a stock model's FAIL/XFAIL, reproducible with vLLM alone
+    script = repro_script(ev)  # a FAIL/XFAIL, reproducible with vLLM (and the plugin for a fixture)
     if script is not None:
         files["repro.py"] = out / "repro.py"
         write_atomic(files["repro.py"], script)

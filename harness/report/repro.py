@@ -1,10 +1,13 @@
 """``repro.py``: a standalone script, pasteable into an upstream vLLM issue, that reproduces
-a FAIL or XFAIL of a stock model without the harness: cold start on B vs cold start on A
-plus the same refit, greedy tokens of the run's prompts, exit 1 when they differ.
+a FAIL or XFAIL without the harness: cold start on B vs a cold start on A that generates, is
+refit the same way, and generates again (the arm's sequence, and an RL loop's: state a model
+makes on its first forward exists before the refit), greedy tokens of the run's prompts, exit
+1 when they differ.
 
-Written into the report directory from the records alone, only for stock architectures
-(not the harness's planted-bug fixtures) and for paths whose refit is a few lines of
-public vLLM API.
+Written into the report directory from the records alone, for stock architectures and the
+harness's planted-bug fixtures (which run where refit-harness is installed: its vLLM plugin
+registers them), not for a user's out-of-tree models, and for paths whose refit is a few lines
+of public vLLM API.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ _TEMPLATE = '''#!/usr/bin/env python3
 
 Reproduces a refit-harness finding with vLLM alone: greedy tokens after refitting an engine
 started on checkpoint A to checkpoint B ({path}) differ from a cold start on B.
-Measured: vLLM {vllm}, torch {torch}, {device}, dtype {dtype}, model class {architecture}.
+Measured: vLLM {vllm}, torch {torch}, {device}, dtype {dtype}, model class {architecture}.{fixture}
 Verdict there: {verdict}. {reason}
 
 Usage: python repro.py [A_DIR B_DIR]   (defaults: the checkpoints of the original run)
@@ -74,6 +77,7 @@ def main():
     gc.collect()
 
     llm = LLM(model=a, **{warm_engine})
+    greedy(llm)  # on A first, as an RL loop and the harness's arm do
     {refit}
     warm, warm_lp = greedy(llm)
 
@@ -97,14 +101,22 @@ if __name__ == "__main__":
 
 def is_stock(architecture: str | None) -> bool:
     """Not one of the harness's planted-bug fixtures nor a user's out-of-tree model."""
+    from harness.spec.architectures import FIXTURE_ARCHITECTURES
+
+    return reproducible(architecture) and architecture not in FIXTURE_ARCHITECTURES
+
+
+def reproducible(architecture: str | None) -> bool:
+    """A class vLLM (or the installed refit-harness plugin) registers: not a user's out-of-tree
+    model, which only the harness's ``REFIT_HARNESS_MODELS`` registers."""
     from harness.settings import EXTRA_MODELS_ENV
-    from harness.spec.architectures import FIXTURE_ARCHITECTURES, extra_architectures
+    from harness.spec.architectures import extra_architectures
 
     try:
         extra = extra_architectures(os.environ.get(EXTRA_MODELS_ENV))
     except ValueError:
         extra = {}
-    return bool(architecture) and architecture not in FIXTURE_ARCHITECTURES and architecture not in extra
+    return bool(architecture) and architecture not in extra
 
 
 def repro_script(ev: Evaluation) -> str | None:
@@ -115,7 +127,7 @@ def repro_script(ev: Evaluation) -> str | None:
     except (OSError, ValueError):
         return None
     architecture = (config.get("architectures") or [None])[0]
-    if not is_stock(architecture):
+    if not reproducible(architecture):
         return None
     failed = [v for v in ev.verdicts if v.status in (VerdictStatus.FAIL, VerdictStatus.XFAIL) and v.path in REFITS]
     if not failed:
@@ -149,6 +161,9 @@ def repro_script(ev: Evaluation) -> str | None:
         device=env.get("device", "?"),
         dtype=e.dtype,
         architecture=architecture,
+        fixture=""
+        if is_stock(architecture)
+        else "\nIt is a refit-harness planted-bug fixture: run this where refit-harness is installed.",
         verdict=verdict.status.value,
         reason=_wrap(f"{reason} Known as: {title}" if verdict.status is VerdictStatus.XFAIL else reason),
         a=record.checkpoints.a,

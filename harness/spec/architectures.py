@@ -16,6 +16,17 @@ FIXTURE_ARCHITECTURES = {
     "StaleKVScaleFloatQwen3ForCausalLM": "harness.worker.fixtures.models:StaleKVScaleFloatQwen3ForCausalLM",
     "PlainGemmQwen3ForCausalLM": "harness.worker.fixtures.models:PlainGemmQwen3ForCausalLM",
     "RootSizeNormQwen3ForCausalLM": "harness.worker.fixtures.models:RootSizeNormQwen3ForCausalLM",
+    **{
+        arch: f"harness.worker.fixtures.models:{arch}"
+        for arch in (
+            "LazyCopyQwen3ForCausalLM",
+            "LazyRefreshQwen3ForCausalLM",
+            "PeerGainQwen3ForCausalLM",
+            "LivePeerGainQwen3ForCausalLM",
+            "UnownedCacheQwen3ForCausalLM",
+            "ValidatedCacheQwen3ForCausalLM",
+        )
+    },
 }
 
 FIXTURE_QUANT_METHODS = {
