@@ -40,8 +40,10 @@ class ModelRef:
     path: str | None = None
     """A checkpoint directory (or, on machines with hub access, a hub id)."""
     builder: str | None = None
-    """Build a model instead of reading ``path``: ``tiny-qwen3`` (the embedded one) or
-    ``zoo:<family>`` (a tiny stock architecture, ``harness.checkpoints.zoo``)."""
+    """Build a model instead of reading ``path``: ``tiny-qwen3`` (the embedded one),
+    ``tiny-qwen3:<Architecture>`` (its weights under a planted-bug fixture's class,
+    ``harness.spec.architectures``) or ``zoo:<family>`` (a tiny stock architecture,
+    ``harness.checkpoints.zoo``)."""
     engine_args: EngineArgs = ()
     """vLLM engine arguments this model always runs with (a zoo family's fp8 KV cache, an online
     quantization); an engine configuration's arguments go on top of them."""
@@ -203,6 +205,8 @@ def resolve_model(group: CellGroup, override: str | None = None) -> CellGroup:
         path = override
     elif builder == "tiny-qwen3":
         path = str(tiny_qwen3())
+    elif builder and builder.startswith("tiny-qwen3:"):
+        path = str(tiny_qwen3(architecture=builder.removeprefix("tiny-qwen3:")))
     elif builder and builder.startswith("zoo:"):
         from harness.checkpoints.zoo import tiny_model
 
