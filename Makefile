@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 BENCH ?=
 
-.PHONY: setup run test check lint docs docs-check bench browser clean
+.PHONY: setup run test test-build check lint docs docs-check bench browser clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -61,6 +61,17 @@ test: lint docs-check browser
 # The developers' fast loop: lint, contracts and the engine-free tests (no vLLM engine starts).
 check: lint
 	$(PY) -m pytest tests/unit -q -x $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The version adapter's tests under another vLLM build (a CPU source build of 0.34, a nightly):
+# `make test-build BUILD=VENV`. The build's own interpreter runs them, with pytest added to it and
+# the harness from this checkout on PYTHONPATH (no conftest: the plugin needs the harness's venv).
+BUILD ?=
+BUILD_TESTS ?= tests/unit/test_vllm_compat.py tests/unit/test_transfer_contracts.py
+test-build: setup
+	@test -n "$(BUILD)" || { echo "usage: make test-build BUILD=VENV_DIR (a vLLM build's venv)" >&2; exit 2; }
+	$(VENV)/bin/refit-harness preflight --build build=$(BUILD)
+	$(BUILD)/bin/python -m pip install -q pytest $(PIP_QUIET)
+	PYTHONPATH=$(CURDIR) $(BUILD)/bin/python -m pytest --noconftest -p no:cacheprovider -q $(BUILD_TESTS)
 
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH)

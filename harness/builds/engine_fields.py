@@ -171,3 +171,16 @@ def engine_fields(build: BuildSpec | None = None, cache: Path = DEFAULT_CACHE, t
     )
     store.dump(fields, file, "engine_fields")
     return fields
+
+
+_API = r"""
+import runpy
+runpy.run_module("harness.worker.vllm_compat", run_name="__main__")
+"""
+
+
+def vllm_api(build: BuildSpec, timeout: float = 300) -> dict:
+    """The version adapter's API check (``harness.worker.vllm_compat.api_check``) run under the
+    build's own interpreter: its vLLM version, which ``WeightSource`` protocol and reload modes it
+    has, and every vLLM name the harness uses with where that vLLM keeps it (None: missing)."""
+    return _ask(build.python or sys.executable, with_adapter(_API), "REFIT_HARNESS_API", build.name, timeout=timeout)

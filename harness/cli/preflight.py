@@ -32,7 +32,15 @@ def add_parsers(sub) -> None:
         "preflight",
         help="check a GPU scenario's cells without a GPU: engine args, KV cache, trainers, packages, Ray placement",
     )
-    p.add_argument("-s", "--scenario", required=True, help="registered scenario (refit-harness list)")
+    p.add_argument("-s", "--scenario", help="registered scenario (refit-harness list)")
+    p.add_argument(
+        "--build",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also check that this vLLM build has every vLLM name the harness uses (the version adapter's "
+        "API check, under the build's interpreter); repeatable; alone, without -s, only that",
+    )
     p.add_argument(
         "--gpus",
         type=gpu_counts,
@@ -44,10 +52,37 @@ def add_parsers(sub) -> None:
     p.set_defaults(handler=cmd_preflight)
 
 
+def check_builds(specs: list[str]) -> int:
+    """The API check of each build: one line per build, one per missing name; the count missing."""
+    from harness.builds.engine_fields import vllm_api
+    from harness.builds.venvs import parse_build
+
+    missing = 0
+    for text in specs:
+        build = parse_build(text)
+        api = vllm_api(build)
+        absent = [n for n in api["names"] if n["found"] is None]
+        print(
+            f"build {build.name}: vLLM {api['vllm']}, {len(api['names']) - len(absent)}/{len(api['names'])} names "
+            f"resolved, WeightSource protocol {api['weight_source_api']}, reload modes {', '.join(api['reload_modes'])}"
+        )
+        for n in absent:
+            print(f"build {build.name}: missing {n['name']} (used in {n['used_in']})", file=sys.stderr)
+        missing += len(absent)
+    return missing
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     from harness.orchestrate import preflight
     from scenarios import SCENARIOS
 
+    if not args.scenario and not args.build:
+        raise UsageError("preflight needs -s SCENARIO, --build NAME=PATH, or both")
+    missing = check_builds(args.build)
+    if missing:
+        raise UsageError(f"preflight: {missing} vLLM name(s) the harness uses are missing from a build")
+    if not args.scenario:
+        return 0
     scenario = SCENARIOS.get(args.scenario)()
     request, notes = preflight.scenario_request(scenario, args.gpus, args.model)
     for note in notes:
