@@ -29,6 +29,8 @@ VERDICTS = tuple(s.value for s in VerdictStatus)
 # from one that exits 0 to one that does not.
 BAD = frozenset(s.value for s in exit_codes.BAD)
 GOOD = frozenset(VERDICTS) - BAD
+FIXED_FROM = frozenset({"FAIL", "XFAIL"})
+"""Verdicts on base that a PASS on pr fixes (an XFAIL is a known vLLM issue that pr no longer has)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,8 @@ class VerdictRow:
     base2: str | None
     """Verdict on base2 (None: no noise run, or not run there)."""
     outcome: str
-    """``same``, ``changed``, ``regressed`` (good on base, bad on pr), ``unstable`` (base and
+    """``same``, ``changed``, ``regressed`` (good on base, bad on pr), ``fixed in vLLM X`` (FAIL
+    or XFAIL on base, PASS on pr, whose vLLM is X: what a release fixed), ``unstable`` (base and
     base2 disagree), ``only in base`` or ``only in pr``."""
     base_reason: str
     """First reason on base."""
@@ -438,6 +441,7 @@ def _verdicts(ev: Evaluation | None) -> dict[str, tuple[str, str]]:
 
 def verdict_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[VerdictRow, ...]:
     b, p, b2 = _verdicts(base), _verdicts(pr), _verdicts(base2)
+    pr_vllm = next((dict(a.environment).get("vllm") for a in pr.arms if a.environment), None) or "of pr"
     rows = []
     for path in list(b) + [x for x in p if x not in b]:
         vb, vp, v2 = b.get(path, (None, ""))[0], p.get(path, (None, ""))[0], b2.get(path, (None, ""))[0]
@@ -449,6 +453,8 @@ def verdict_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> 
             outcome = "same"
         elif vb in GOOD and vp in BAD:
             outcome = "regressed"
+        elif vb in FIXED_FROM and vp == "PASS":
+            outcome = f"fixed in vLLM {pr_vllm}"
         else:
             outcome = "changed"
         rows.append(

@@ -51,10 +51,14 @@ STALE = subject(warm_b={**B, "norm": A["norm"]}, warm_b_again={**B, "norm": A["n
 def test_fixed_pr_meets_base_fail_pr_pass_and_names_the_fixed_tensor():
     cmp = compare_builds(
         evaluation(subj=STALE),
-        evaluation(),
+        evaluation(vllm="0.34.0+cpu"),
         expectations=(parse_expectation("base=FAIL"), parse_expectation("pr=PASS")),
     )
-    assert [(r.base, r.pr, r.outcome) for r in cmp.verdicts] == [("FAIL", "PASS", "changed")]
+    # What a release check wants to read: the version that fixed it.
+    assert [(r.base, r.pr, r.outcome) for r in cmp.verdicts] == [("FAIL", "PASS", "fixed in vLLM 0.34.0+cpu")]
+    # ... and a PASS that stays a PASS, or a FAIL that stays, is no fix.
+    assert [r.outcome for r in compare_builds(evaluation(), evaluation(vllm="0.34.0")).verdicts] == ["same"]
+    assert [r.outcome for r in compare_builds(evaluation(subj=STALE), evaluation(subj=STALE)).verdicts] == ["same"]
     assert cmp.exit_code == 0 and all(e.met for e in cmp.expectations)
     deciding = [c for c in cmp.status_changes if c.decides]
     assert {(c.tensor, c.base, c.pr) for c in deciding} >= {("norm", "STALE", "OK")}
