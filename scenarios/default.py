@@ -52,13 +52,19 @@ def smoke() -> ScenarioSpec:
     )
 
 
+# The seed bug's class: a float32 copy built by the model-level post-load hook. vLLM 0.34 reruns
+# that hook after every reload, so a release check of 0.32 against 0.34 shows it fixed.
+COLD_START_COPY = ModelRef(label="stale-qk-norm", builder="tiny-qwen3:StaleQKNormQwen3ForCausalLM")
+
+
 def pr_review() -> ScenarioSpec:
     """Two builds of vLLM, e.g. main and a PR: ``run -s pr-review --build base=... --build pr=...``.
-    No expected verdicts, so the implied one holds: no cell worse on pr than on base."""
+    No expected verdicts, so the implied one holds: no cell worse on pr than on base; a cell FAIL
+    or XFAIL on base and PASS on pr is named ``fixed in vLLM X``."""
     return ScenarioSpec(
         name="pr-review",
-        description="base vs pr (vLLM builds) on the refit paths of the tiny Qwen3",
-        models=(TINY,),
+        description="base vs pr (vLLM builds) on the refit paths of the tiny Qwen3 and of the seed bug's fixture",
+        models=(TINY, COLD_START_COPY),
         paths=("reload_weights", "reload_weights_iterator", "transfer_gloo"),
         builds=("base", "pr"),
     )
