@@ -11,14 +11,16 @@ The code follows the data, one way, across three processes:
     cache), and the scenario x builds loop that the CLI and the pytest plugin share.
   - ``checkpoints/``: A, B and B' on disk (read, source, derived, control, perturb, tiny, zoo).
   - ``judge/``: records -> diffs -> verdicts (evaluate, diff, verdict, accuracy, throughput, exit codes).
-  - ``builds/``: vLLM builds as venvs, and the comparison of two builds' runs.
+  - ``builds/``: vLLM builds as venvs (an overlay, a venv of its own, or vLLM compiled for the
+    CPU from its source distribution), and the comparison of two builds' runs.
   - ``report/``: HTML, Markdown, JSON and CSV, from an evaluation (records only).
 - Arm process (one engine's lifetime, ``python -m harness.arm.process``): ``arm/`` (the arm,
   its engines, the weight-transfer trainer) runs the ``paths/`` (one kind of refit each). On a
   CPU, most arms are forked from a warm interpreter that imported vLLM once
   (``arm/zygote.py``, started by ``orchestrate/forking.py``): the same program, 9-12 s sooner.
 - vLLM's worker processes: ``worker/`` (the worker extension, the tensor census, the
-  kernel-input recorder, the planted-bug fixtures, the vLLM plugin, vLLM's private API).
+  kernel-input recorder, the planted-bug fixtures, the vLLM plugin, vLLM's private API, and
+  ``vllm_compat``, the one adapter that holds every fork between vLLM versions).
 - Shared by every process (the contract between them): ``spec/`` (what to run), ``plan``,
   ``records`` and ``store`` (what arms record, versioned), ``errors``, ``settings``, ``cache``
   (the one way to write into the shared cache),
