@@ -48,7 +48,12 @@ def test_the_gloo_twin_speaks_the_nccl_backends_update_format():
 
     nccl = WeightTransferEngineFactory._registry["nccl"]()
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
-    assert names(GlooWeightTransferUpdateInfo) == names(nccl.update_info_cls)
+    # The twin's payload is one the NCCL engine accepts: its fields, in order; any field NCCL has
+    # beyond them has a default (0.34 added ``src``, the sending rank, defaulted to 0).
+    ours = names(GlooWeightTransferUpdateInfo)
+    assert names(nccl.update_info_cls)[: len(ours)] == ours
+    extra = [f for f in dataclasses.fields(nccl.update_info_cls) if f.name not in ours]
+    assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING for f in extra)
     assert set(names(GlooWeightTransferInitInfo)) <= set(names(nccl.init_info_cls))
 
 
@@ -58,6 +63,7 @@ def test_sparse_patches_are_vllms_own_and_skip_left_out_tensors(tmp_path):
     from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
 
     from harness.arm.transfer import CheckpointSource, sparse_patches
+    from harness.worker import vllm_compat
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -73,7 +79,8 @@ def test_sparse_patches_are_vllms_own_and_skip_left_out_tensors(tmp_path):
     assert w.indices.tolist() == [1, 5] and w.values.tolist() == [5.0, 7.0] and w.full_shape == (2, 3)
     left_out = sparse_patches(held, CheckpointSource(tmp_path / "b", exclude=("n",)))
     assert [p.name for p in left_out] == ["w"]
-    assert [m.name for m in CheckpointSource(tmp_path / "b", exclude=("n",)).metadata()] == ["w"]
+    source = CheckpointSource(tmp_path / "b", exclude=("n",))
+    assert [m.name for m in vllm_compat.source_metadata(source)] == ["w"]
 
 
 def test_cuda_backends_hand_over_cuda_tensors():
@@ -87,27 +94,35 @@ def test_sources_follow_each_backends_order_type_and_sabotage(tmp_path):
     import torch
     from safetensors.torch import save_file
     from vllm.distributed.weight_transfer.base import layerwise_groups
-    from vllm.distributed.weight_transfer.m2n_common import REPLICATED
-    from vllm.distributed.weight_transfer.m2n_source import M2NWeightSource
 
     from harness.arm.transfer import checkpoint_source, trainer_source
+    from harness.worker import vllm_compat
 
     names = ["model.embed_tokens.weight", "model.norm.weight"] + [f"model.layers.{i}.w" for i in (0, 1, 2, 10, 11)]
     for label, value in (("a", 0.0), ("b", 1.0)):
         (tmp_path / label).mkdir()
         save_file({n: torch.full((2,), value) for n in names}, str(tmp_path / label / "model.safetensors"))
     rdt = checkpoint_source("sharded_rdt", tmp_path / "b", device="cpu")
-    order = [m.name for m in rdt.metadata()]
+    order = [m.name for m in vllm_compat.source_metadata(rdt)]
     assert order == [n for g in layerwise_groups(order) for n in g] and order.index("model.layers.2.w") < order.index(
         "model.layers.10.w"
     )
-    assert [n for n, _ in rdt] == order  # iteration agrees with metadata, element for element
+    # iteration agrees with metadata, element for element
+    assert [n for n, _ in vllm_compat.source_tensors(rdt)] == order
     m2n = checkpoint_source("nccl_m2n", tmp_path / "b", device="cpu")
-    assert isinstance(m2n, M2NWeightSource) and m2n.mesh().dims == (1, 1)
-    assert {m.placements for m in m2n.metadata()} == {REPLICATED}
+    if vllm_compat.locate("M2NWeightSource"):  # before 0.33: an M2NWeightSource, every tensor REPLICATED
+        from vllm.distributed.weight_transfer.m2n_common import REPLICATED
+
+        assert isinstance(m2n, vllm_compat.resolve("M2NWeightSource")) and m2n.mesh().dims == (1, 1)
+        assert {m.placements for m in m2n.metadata()} == {REPLICATED}
+    else:  # 0.33+: any source with iter_local; one rank owns every tensor whole
+        assert m2n.implements_iter_local() and {m.owners for m in m2n.metadata} == {None}
+        assert list(m2n.iter_local()) and [n for n, _ in m2n.iter_local()] == [m.name for m in m2n.metadata]
     sabotaged = dict(
-        checkpoint_source(
-            "nccl_m2n", tmp_path / "b", device="cpu", substitute={"model.norm.weight": str(tmp_path / "a")}
+        vllm_compat.source_tensors(
+            checkpoint_source(
+                "nccl_m2n", tmp_path / "b", device="cpu", substitute={"model.norm.weight": str(tmp_path / "a")}
+            )
         )
     )
     assert sabotaged["model.norm.weight"].tolist() == [0.0, 0.0] and sabotaged["model.layers.0.w"].tolist() == [
