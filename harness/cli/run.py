@@ -539,8 +539,11 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
             f"scenario {scenario.name!r} compares builds {', '.join(scenario.builds)}: give them in that "
             f"order, e.g. " + " ".join(f"--build {n}=PATH_TO_VENV" for n in scenario.builds)
         )
-    if len(given) == 1:
-        raise UsageError("a scenario compares two or more builds (base first, pr last); one --build is a plain run")
+    # One --build: the scenario runs on that build alone (every arm under its interpreter), as a
+    # maintainer runs a release candidate; two or more are compared, base first and pr last.
+    only_build = build_specs[0] if len(build_specs) == 1 and not scenario.builds else None
+    if only_build is not None:
+        build_specs = ()
     out = set_out(
         Path(args.out or args.resume or Path("reports") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
@@ -552,7 +555,7 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     from harness.orchestrate.execute import validate_engine_args
 
     for group in groups:  # every configuration on every build, before the first engine starts
-        for build in build_specs or (None,):
+        for build in build_specs or (only_build,):
             validate_engine_args(replace(group.spec, build=build))
     throughput, accuracy = throughput_of(args.throughput), accuracy_of(args.accuracy)
     with watching() as (say, events):
@@ -570,7 +573,7 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
             expect=tuple(args.expect),
             resume=bool(args.resume),
             reuse_reference=args.reuse_reference,
-            amend=lambda spec: replace(spec, throughput=throughput, accuracy=accuracy),
+            amend=lambda spec: replace(spec, throughput=throughput, accuracy=accuracy, build=only_build or spec.build),
         )
     for cell, c in summary["cells"].items():
         progress(f"{cell}: " + (" ".join(f"{b}={v}" for b, v in c["builds"].items()) if build_specs else c["verdict"]))
