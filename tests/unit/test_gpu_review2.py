@@ -1,0 +1,108 @@
+"""The GPU nightly's second review (``docs/gpu-nightly.md``, "What the second review found"): one
+test per defect, each failing on the code before its fix. No engine starts here; vLLM's own
+classes are imported where a check can use them."""
+
+from __future__ import annotations
+
+from harness.paths import PATHS
+from harness.spec.known_issues import KNOWN_ISSUES, KnownIssue
+
+# ---- known issues scoped by what causes them --------------------------------------------------
+
+CPU_KERNELS = "the CPU backend's own kernel or weight layout"
+DEVICE_SCOPED: dict[str, str] = {
+    "CPU: a tied lm_head keeps the kernel copy of the old embedding after every in-place refit": (
+        f"{CPU_KERNELS}: the head's GEMM copy (SGL packed weight, oneDNN handle) is built by the CPU post-load hook"
+    ),
+    "CPU fp8 block kernel: a linear layer with a bf16 bias cannot run (fp8_scaled_mm_cpu takes fp32 only)": (
+        f"{CPU_KERNELS}: _C.fp8_scaled_mm_cpu"
+    ),
+    "CPU int4 W4A8: after reload_weights a layer's bias is not rounded to the model dtype": (
+        f"{CPU_KERNELS}: CPUWNA16LinearKernel's W4A8 path widens the bias in place"
+    ),
+    "CPU W8A8 int8 (oneDNN path): after reload_weights the scaled-mm handler reads a freed weight scale": (
+        f"{CPU_KERNELS}: the oneDNN scaled-mm handler keeps a pointer to the scale"
+    ),
+    "CPU W8A8 int8 (oneDNN path): a saved sharded state cannot be loaded (KeyError on azp_adj)": (
+        f"{CPU_KERNELS}: azp_adj is registered by the oneDNN int8 path's post-load hook"
+    ),
+    "save_sharded_state raises on fp8 (channel) checkpoints: _filter_subtensors views a transposed weight": (
+        f"{CPU_KERNELS}: the non-contiguous weight is the CPU fp8 kernel's transposed view "
+        "(a CUDA fp8 kernel's layout was not measured)"
+    ),
+    "CPU GPTQ int4: a saved sharded state cannot be loaded (the kernel's re-blocked qweight)": (
+        f"{CPU_KERNELS}: the CPU WNA16 kernel re-blocks qweight"
+    ),
+    "CPU: prefix caching with Mamba layers ('align' cache mode) cannot generate": (
+        f"{CPU_KERNELS}: the CPU Mamba kernels under the 'align' cache mode"
+    ),
+    "CPU fused MoE: expert weights are corrupted by reload_weights (unquantized, layerwise reload)": (
+        f"{CPU_KERNELS}: _C.cpu_fused_moe's packed experts"
+    ),
+    "CPU fused MoE: expert weights are corrupted by reload_weights (GraniteMoeHybrid)": (
+        f"{CPU_KERNELS}: _C.cpu_fused_moe's packed experts"
+    ),
+    "CPU fused MoE: expert weights are corrupted by reload_weights (DeepSeek-V2)": (
+        f"{CPU_KERNELS}: _C.cpu_fused_moe's packed experts"
+    ),
+    "CPU: reload_weights leaves MambaMixer2.conv_weights stale where the conv1d weight is prepacked "
+    "(AVX512-BF16 or ARM bf16, bf16 weights)": f"{CPU_KERNELS}: the CPU causal-conv1d prepack",
+    "CPU (AMX): reload_weights copies a float32 checkpoint's linear bias unrounded into the SGL kernel's "
+    "float32 bias; a cold start rounds it to bf16 first": f"{CPU_KERNELS}: the AMX SGL linear widens the bias",
+    "CPU (AMX): reload_weights raises on DeepSeek-V2 under the AMX MLA backend (a size-0 kernel tensor)": (
+        f"{CPU_KERNELS}: the AMX MLA backend"
+    ),
+    "CPU: a sharded state saved where the conv1d weight is prepacked cannot be loaded (Mamba2, bf16, "
+    "AVX512-BF16)": f"{CPU_KERNELS}: the CPU causal-conv1d prepack",
+    "CPU oneDNN kernels keep the old weights after a kernel-format reload (float32)": (
+        f"{CPU_KERNELS}: oneDNN handles built by the CPU post-load hook"
+    ),
+    "CPU: a kernel-format reload leaves every packed bf16 GEMM kernel (oneDNN on AVX-512, SGL on AMX) with "
+    "the old weights": f"{CPU_KERNELS}: oneDNN handles and SGL packed weights",
+    "CPU: the sharded-state saver skips the empty linear Parameters, so the state cannot be loaded (float32)": (
+        f"{CPU_KERNELS}: the CPU backend empties every linear weight Parameter into a oneDNN handle"
+    ),
+    "CPU: the sharded-state saver skips the empty linear Parameters of bf16 oneDNN kernels, so the state "
+    "cannot be loaded (AVX-512)": f"{CPU_KERNELS}: the CPU backend empties bf16 oneDNN linears' Parameters",
+}
+"""Every known issue whose scope names a device, by title, with why its cause lives in that
+device's code. A known issue measured on one device whose cause is device-independent (the
+scheduler, a cache's keys, the loader) declares ``device=None``, so it is expected everywhere."""
+
+
+def every_known_issue() -> list[tuple[str, KnownIssue]]:
+    """The architecture and kernel issues, and every registered path's own."""
+    issues = [("harness.spec.known_issues", k) for k in KNOWN_ISSUES]
+    for name in PATHS.names():
+        issues += [(name, k) for k in PATHS.get(name).known_issues]
+    return issues
+
+
+def test_every_known_issue_that_names_a_device_says_why_its_cause_is_that_devices():
+    scoped = {k.title: owner for owner, k in every_known_issue() if k.device is not None}
+    unexplained = sorted(set(scoped) - set(DEVICE_SCOPED))
+    assert not unexplained, f"device-scoped known issues without a reason in DEVICE_SCOPED: {unexplained}"
+    no_longer = sorted(set(DEVICE_SCOPED) - set(scoped))
+    assert not no_longer, f"DEVICE_SCOPED lists issues that no longer name a device: {no_longer}"
+    for title, why in DEVICE_SCOPED.items():
+        assert why.startswith(CPU_KERNELS), (title, why)
+
+
+def test_the_42125_prefix_cache_key_issue_is_expected_on_a_gpu():
+    """vLLM's LoRA block-hash keys are computed by the scheduler, whatever the device: on a GPU the
+    path is XFAIL like on the CPU, not a new FAIL every night (the issue was scoped to ``cpu``)."""
+    path = PATHS.get("lora_inplace_same_path")
+    for device in ("cpu (x86_64)", "NVIDIA H200"):
+        known = path.known_issue(device, "0.32.0", "Qwen3ForCausalLM", "bfloat16")
+        assert known is not None and "#42125" in known.title, device
+    assert path.known_issue("NVIDIA H200", "0.34.0", "Qwen3ForCausalLM", "bfloat16") is None
+
+
+def test_a_device_independent_issue_still_keeps_its_other_scopes():
+    issue = KnownIssue(device=None, reason="r", vllm=("==0.32.*",), paths=("prefix_cache",))
+    assert issue.applies("prefix_cache", "NVIDIA H100 80GB HBM3", "0.32.0", None)
+    assert issue.applies("prefix_cache", "cpu (x86_64)", "0.32.0", None)
+    assert not issue.applies("reload_weights", "NVIDIA H100 80GB HBM3", "0.32.0", None)
+    assert issue.where == "every device"
+    assert KnownIssue(device="cuda", reason="r").where == "cuda"
+    assert not KnownIssue(device="cuda", reason="r").applies("p", "cpu (x86_64)", None, None)
