@@ -16,6 +16,7 @@ FIXTURE_ARCHITECTURES = {
     "StaleKVScaleFloatQwen3ForCausalLM": "harness.worker.fixtures.models:StaleKVScaleFloatQwen3ForCausalLM",
     "PlainGemmQwen3ForCausalLM": "harness.worker.fixtures.models:PlainGemmQwen3ForCausalLM",
     "RootSizeNormQwen3ForCausalLM": "harness.worker.fixtures.models:RootSizeNormQwen3ForCausalLM",
+    "BatchShapeQwen3ForCausalLM": "harness.worker.fixtures.models:BatchShapeQwen3ForCausalLM",
 }
 
 FIXTURE_QUANT_METHODS = {

@@ -106,3 +106,99 @@ def test_a_device_independent_issue_still_keeps_its_other_scopes():
     assert issue.where == "every device"
     assert KnownIssue(device="cuda", reason="r").where == "cuda"
     assert not KnownIssue(device="cuda", reason="r").applies("p", "cpu (x86_64)", None, None)
+
+
+# ---- the reference observes in the subject's batch shapes -------------------------------------
+
+TARGETS = ("B", "B", "B_control", "A")
+
+
+def shaped_plan(paths: dict, engine=None):
+    from harness.plan import PathNeeds, make_plan
+    from harness.spec.checkpoint_set import CheckpointSet
+    from harness.spec.run import EngineSpec, RunSpec
+
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="norm")
+    needs = {p: PathNeeds(r, TARGETS) for p, r in paths.items()}
+    spec = RunSpec(model="/a", paths=tuple(paths), engine=engine or EngineSpec())
+    return make_plan(spec, cs, needs, {}, adapters=cs)
+
+
+def test_subjects_that_batch_otherwise_get_a_cold_b_of_their_own_shapes():
+    """HTTP sends one request at a time and the prefix cache prefills the suffix only, while the plain
+    reference prefills and decodes every prompt at once: each gets a cold B built to batch as it does."""
+    from harness.spec.requirements import EngineRequirements
+    from harness.spec.run import EngineSpec
+
+    plan = shaped_plan(
+        {
+            "plain": EngineRequirements(),
+            "ray": EngineRequirements(kind="ray_llm", weight_transfer_backend="gloo"),
+            "prefix": EngineRequirements(enable_prefix_caching=True),
+            "http": EngineRequirements(kind="http"),
+            "lora_prefix": EngineRequirements(lora="adapter", enable_prefix_caching=True),
+        }
+    )
+    shaped = {a.name: a.requirements for a in plan.arms if a.role == "shape_reference"}
+    assert shaped == {
+        "reference-prefix-cache": EngineRequirements(enable_prefix_caching=True),
+        "reference-http": EngineRequirements(kind="http", enable_prefix_caching=False),
+        "reference-lora-adapter-prefix-cache": EngineRequirements(enable_prefix_caching=True, lora="adapter"),
+    }
+    assert all(a.start == "B" and len(a.steps) == 1 for a in plan.arms if a.role == "shape_reference")
+    # A run with prefix caching on everywhere: the plain reference already caches, so only HTTP differs.
+    cached = shaped_plan(
+        {"prefix": EngineRequirements(enable_prefix_caching=True), "http": EngineRequirements(kind="http")},
+        EngineSpec(engine_args=(("enable_prefix_caching", "true"),)),
+    )
+    assert [a.name for a in cached.arms if a.role == "shape_reference"] == ["reference-http-prefix-cache"]
+
+
+def _judged(subject_arm, reference, noise, refit_reference=None):
+    from harness.judge.diff import compare_path
+    from harness.judge.verdict import judge
+    from harness.spec.run import JudgePolicy
+    from tests.records import EXPECTED
+
+    c = compare_path(
+        "p", subject_arm, reference, noise, "qkv_proj.weight", 1e-4, EXPECTED, refit_reference=refit_reference
+    )
+    return judge(c, JudgePolicy(), fail_on_rebound=False).status.value
+
+
+def test_a_refit_judged_against_a_reference_of_other_batch_shapes_fails_and_against_its_own_passes():
+    """The defect on synthetic records: a perfect refit whose engine rounds by batch shape (its cold B
+    of the same shapes agrees with it) FAILs against the plain reference, whose noise twin shares its
+    shapes (floor 0); against the shape reference it PASSes, and a stale refit still FAILs there."""
+    from tests.records import B, arm, obs, output, subject
+
+    plain = [output(0, (1, 2, 3), -1.004)]
+    reference, noise = (
+        arm("reference", "reference", obs("cold_B", B, plain)),
+        arm("noise", "noise", obs("cold_B", B, plain)),
+    )
+    own = arm("reference-http", "shape_reference", obs("cold_B", B))
+    assert _judged(subject(), reference, noise) == "FAIL"
+    assert _judged(subject(), reference, noise, refit_reference=own) == "PASS"
+    assert _judged(subject(warm_b={**B, "norm": "a-n"}), reference, noise, refit_reference=own) == "FAIL"
+
+
+def test_the_judge_refuses_a_subject_whose_shapes_no_reference_shares():
+    """A plan without the subject's shape reference (made before the rule) is refused, not judged."""
+    from harness.judge.evaluate import shape_reference
+    from harness.judge.verdict import Verdict
+    from harness.spec.requirements import EngineRequirements
+    from tests.records import arm, obs
+
+    plan = shaped_plan({"http": EngineRequirements(kind="http"), "plain": EngineRequirements()})
+    by_name = {a.name: a for a in plan.arms}
+    subject_arm, base = by_name["subject-http"], by_name["reference"]
+    own = arm("reference-http", "shape_reference", obs("cold_B", {}))
+    assert shape_reference(subject_arm, base, plan.arms, {"reference-http": own}) is own
+    assert shape_reference(by_name["subject-plain"], base, plan.arms, {}) is None
+    old = tuple(a for a in plan.arms if a.role != "shape_reference")
+    refused = shape_reference(subject_arm, base, old, {})
+    assert isinstance(refused, Verdict) and refused.status.value == "INCONCLUSIVE"
+    assert "other batch shapes (http)" in refused.reasons[0], refused.reasons
+    never_ran = shape_reference(subject_arm, base, plan.arms, {})
+    assert isinstance(never_ran, Verdict) and never_ran.status.value == "ERROR"
