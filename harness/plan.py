@@ -471,6 +471,9 @@ class PreflightCell:
     """Its arms."""
     skipped: tuple[SkippedPath, ...]
     """Its paths that would be SKIPPED there, with the reason."""
+    packages: tuple[tuple[str, str], ...] = ()
+    """The modules its engine configuration imports (``RunSpec.requires_packages``): the engine
+    side looks for them in its own interpreter, and a missing one SKIPs the cell."""
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,58 @@ def test_a_device_independent_issue_still_keeps_its_other_scopes():
     assert not KnownIssue(device="cuda", reason="r").applies("p", "cpu (x86_64)", None, None)
 
 
+# ---- the HPC cell without hpc-ops -------------------------------------------------------------
+
+
+def hpc_groups():
+    from harness.spec.scenario import expand
+    from scenarios.gpu_nightly import gpu_nightly
+
+    return [g for g in expand(gpu_nightly()) if g.spec.engine.vllm_kwargs().get("attention_backend") == "HPC_ATTN"]
+
+
+def test_the_hpc_cell_is_skipped_with_the_install_steps_where_hpc_ops_is_missing(monkeypatch):
+    """On an sm90 runner without Tencent's ``hpc`` module vLLM raises ImportError while building
+    the model; the planner SKIPs every path of the HPC cell groups instead, saying how to get it."""
+    import importlib.util
+
+    from harness import device
+    from harness.orchestrate.execute import configuration_unavailable
+
+    groups = hpc_groups()
+    assert len(groups) == 4  # eager/compiled x TP 1/2
+    monkeypatch.setattr(device, "device_tags", lambda: frozenset({"cuda", "sm90"}))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "hpc" else real_find_spec(name))
+    for group in groups:
+        why = configuration_unavailable(group.spec)
+        assert why and "module hpc is not installed" in why and "Building hpc-ops" in why, why
+    # With the module present, the sm90 runner runs it; elsewhere the device reason comes first.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "hpc" else None)
+    assert configuration_unavailable(groups[0].spec) is None
+    monkeypatch.setattr(device, "device_tags", lambda: frozenset({"cuda", "sm80"}))
+    assert "sm90 only" in (configuration_unavailable(groups[0].spec) or "")
+
+
+def test_the_preflight_reports_a_missing_hpc_as_a_skip_not_a_problem(monkeypatch):
+    import importlib.util
+
+    from harness.arm.preflight import missing_package_findings
+    from harness.plan import PreflightCell, PreflightRequest
+
+    group = hpc_groups()[0]
+    cells = (
+        PreflightCell(id=group.id, gpus=n, arms=(), skipped=(), packages=group.spec.requires_packages) for n in (1, 2)
+    )
+    request = PreflightRequest(scenario="gpu-nightly", cells=tuple(cells))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    found = missing_package_findings(request)
+    assert [(f.kind, f.cell, f.check) for f in found] == [("skip", group.id, "packages")]
+    assert "hpc-ops" in found[0].detail and "Building hpc-ops" in found[0].detail
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert [(f.kind, f.detail) for f in missing_package_findings(request)] == [("ok", "hpc installed")]
+
+
 # ---- the reference observes in the subject's batch shapes -------------------------------------
 
 TARGETS = ("B", "B", "B_control", "A")
@@ -202,3 +254,63 @@ def test_the_judge_refuses_a_subject_whose_shapes_no_reference_shares():
     assert "other batch shapes (http)" in refused.reasons[0], refused.reasons
     never_ran = shape_reference(subject_arm, base, plan.arms, {})
     assert isinstance(never_ran, Verdict) and never_ran.status.value == "ERROR"
+
+
+# ---- the rest: m2n's NCCL library, cpu tests on a CUDA host, V2 graphs, the hold ----------------
+
+
+def _nccl_wheel(monkeypatch, tmp_path, version: str | None):
+    """One nvidia-nccl-cu12 wheel of ``version`` (None: none) as importlib.metadata sees it."""
+    import importlib.metadata
+    import types
+
+    lib = tmp_path / "libnccl.so.2"
+    lib.write_bytes(b"")
+    real = importlib.metadata.distribution
+
+    def distribution(name):
+        if name == "nvidia-nccl-cu12" and version:
+            file = types.SimpleNamespace(name=lib.name, locate=lambda: lib)
+            return types.SimpleNamespace(version=version, files=[file])
+        if name.startswith("nvidia-nccl-"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    return str(lib)
+
+
+def test_m2n_needs_a_new_enough_nccl_and_vllm_pointed_at_it(monkeypatch, tmp_path):
+    """libnccl_m2n is linked against NCCL >= 2.30.5, and vLLM must load that same library
+    (VLLM_NCCL_SO_PATH); the preflight names the library to point it at."""
+    from harness.paths.weight_transfer import nccl_library_problem
+
+    assert nccl_library_problem("nccl", {}) is None  # backends that link no NCCL library of their own
+    _nccl_wheel(monkeypatch, tmp_path, None)
+    assert "no NCCL wheel" in (nccl_library_problem("nccl_m2n", {}) or "")
+    _nccl_wheel(monkeypatch, tmp_path, "2.28.9")
+    assert "NCCL >= 2.30.5" in (nccl_library_problem("nccl_m2n", {}) or "")
+    lib = _nccl_wheel(monkeypatch, tmp_path, "2.30.7")
+    unset = nccl_library_problem("nccl_m2n", {}) or ""
+    assert "VLLM_NCCL_SO_PATH is not set" in unset and f"VLLM_NCCL_SO_PATH={lib}" in unset, unset
+    assert "does not exist" in (nccl_library_problem("nccl_m2n", {"VLLM_NCCL_SO_PATH": "/nope.so"}) or "")
+    assert nccl_library_problem("nccl_m2n", {"VLLM_NCCL_SO_PATH": lib}) is None
+
+
+def test_the_preflight_fails_m2n_on_a_wrong_nccl_library_where_its_package_is_installed(monkeypatch, tmp_path):
+    import harness.paths.weight_transfer as wt
+    from harness.arm.preflight import missing_package_findings
+    from harness.plan import PreflightArm, PreflightCell, PreflightRequest
+    from harness.spec.requirements import EngineRequirements
+
+    m2n = EngineRequirements(kind="ray_llm", weight_transfer_backend="nccl_m2n")
+    subject = next(a for a in shaped_plan({"m2n": m2n}).arms if a.role == "subject")
+    cell = PreflightCell(id="g", gpus=2, arms=(PreflightArm(subject, 2.0),), skipped=())
+    request = PreflightRequest(scenario="s", cells=(cell,))
+    monkeypatch.setattr(wt, "missing_packages", lambda backend: [])
+    lib = _nccl_wheel(monkeypatch, tmp_path, "2.30.7")
+    monkeypatch.delenv("VLLM_NCCL_SO_PATH", raising=False)
+    found = missing_package_findings(request)
+    assert [(f.kind, f.cell) for f in found] == [("problem", "transfer_nccl_m2n")], found
+    monkeypatch.setenv("VLLM_NCCL_SO_PATH", lib)
+    assert [f.kind for f in missing_package_findings(request)] == ["ok"]
