@@ -256,6 +256,94 @@ def test_the_judge_refuses_a_subject_whose_shapes_no_reference_shares():
     assert isinstance(never_ran, Verdict) and never_ran.status.value == "ERROR"
 
 
+# ---- sleep level 2's twin breaks what level 2 restores -----------------------------------------
+
+
+class _Calls:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def rpc(self, method, kwargs=None):
+        self.calls.append(("rpc", method, kwargs or {}))
+        return [None]
+
+    def call(self, method, *args, **kwargs):
+        self.calls.append(("call", method, kwargs))
+
+
+def test_the_level2_twin_reloads_and_breaks_the_saved_buffers_restore():
+    """The twin used to skip the reload: caught whatever wake_up restored. Now it does everything
+    the real refit does, with one saved buffer zeroed between sleep and wake_up."""
+    from harness.spec.checkpoint_set import CheckpointSet
+
+    cs = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="model.layers.0.input_layernorm.weight")
+    path = PATHS.get("sleep_level2")(cs)
+    real, twin = _Calls(), _Calls()
+    path.refit(real, "/b", "B")
+    path.sabotaged_refit(twin, "B")
+    planted = ("rpc", "refit_harness_zero_sleep_saved_buffer", {})
+    assert planted not in real.calls
+    assert [c for c in twin.calls if c != planted] == real.calls
+    assert twin.calls.index(planted) == twin.calls.index(("call", "sleep", {"level": 2})) + 1
+    assert twin.calls.index(planted) < twin.calls.index(("call", "wake_up", {"tags": ["weights"]}))
+    assert ("rpc", "reload_weights", {"weights_path": "/b"}) in twin.calls
+
+
+def _sleeping_vllm_worker(monkeypatch):
+    """vLLM's own GPU ``Worker``, its ``sleep``/``wake_up`` run for real on the CPU: the device
+    calls and the cumem backend (level 2 discards the weights) stand in, the buffer save and
+    restore are vLLM's."""
+    import types
+
+    import torch
+    from vllm.v1.worker.gpu_worker import Worker
+
+    class Backend:
+        def suspend(self, level):
+            for b in model.buffers():  # discarded memory: whatever the woken pages hold
+                b.data.fill_(-7)
+
+        def resume(self, tags):
+            pass
+
+    model = torch.nn.Module()
+    model.rotary_emb = torch.nn.Module()
+    model.rotary_emb.register_buffer("cos_sin_cache", torch.arange(8.0), persistent=False)
+    model.register_buffer("positions", torch.arange(4), persistent=False)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda *a: None, raising=False)
+    monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda *a: (1 << 30, 2 << 30), raising=False)
+    worker = object.__new__(Worker)
+    worker.model_runner = types.SimpleNamespace(model=model)
+    worker._sleep_mode_backend = Backend()
+    worker.vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(enable_nccl_comm_suspend=False))
+    worker._sleep_saved_buffers, worker._sleep_saved_draft_buffers, worker._sleep_saved_parameters = {}, {}, {}
+    monkeypatch.setattr(Worker, "get_draft_model", lambda self: None, raising=False)
+    monkeypatch.setattr(Worker, "_save_sleep_parameters", lambda self, model: None, raising=False)
+    monkeypatch.setattr(Worker, "synchronize_device", lambda self: None, raising=False)
+    return worker, model
+
+
+def test_zeroing_a_saved_buffer_is_a_level2_wake_up_that_restores_nothing_for_it(monkeypatch):
+    import pytest
+    import torch
+
+    from harness.worker.extension import RefitObserver
+    from harness.worker.sleep_backup import zero_saved_buffer
+
+    worker, model = _sleeping_vllm_worker(monkeypatch)
+    worker.sleep(level=2)
+    worker.wake_up(tags=["weights"])
+    assert torch.equal(model.rotary_emb.cos_sin_cache, torch.arange(8.0))  # vLLM restored it
+    worker.sleep(level=2)
+    assert RefitObserver.refit_harness_zero_sleep_saved_buffer(worker) == "rotary_emb.cos_sin_cache"
+    worker.wake_up(tags=["weights"])
+    assert torch.equal(model.rotary_emb.cos_sin_cache, torch.zeros(8))
+    assert torch.equal(model.positions, torch.arange(4))  # only the chosen entry
+    with pytest.raises(LookupError, match="not asleep at level 2"):
+        zero_saved_buffer({})  # awake (or asleep at level 1): nothing saved, the twin must not pass silently
+    assert zero_saved_buffer({"a": torch.arange(3), "b": torch.ones(2)}) == "b"  # no rotary cache: a float one
+
+
 # ---- the rest: m2n's NCCL library, cpu tests on a CUDA host, V2 graphs, the hold ----------------
 
 
@@ -314,3 +402,29 @@ def test_the_preflight_fails_m2n_on_a_wrong_nccl_library_where_its_package_is_in
     assert [(f.kind, f.cell) for f in found] == [("problem", "transfer_nccl_m2n")], found
     monkeypatch.setenv("VLLM_NCCL_SO_PATH", lib)
     assert [f.kind for f in missing_package_findings(request)] == ["ok"]
+
+
+def test_v2_full_graphs_are_counted_though_they_record_no_inputs():
+    import types
+
+    from harness.worker.graph_reads import full_graphs_without_inputs
+
+    runner = types.SimpleNamespace(cudagraph_manager=types.SimpleNamespace(graphs={1: object(), 4: object()}))
+    assert full_graphs_without_inputs(runner) == 2
+    assert full_graphs_without_inputs(types.SimpleNamespace(cudagraph_manager=None)) == 0  # V1 runner, or eager
+    assert full_graphs_without_inputs(None) == 0
+
+
+def test_the_hold_keeps_the_old_storage_through_a_data_rebind():
+    """``hold`` kept the Parameter objects: a refit that rebinds ``param.data`` on the same object
+    moved it unseen and freed the old storage. Held aliases keep it, and the move shows."""
+    import torch
+
+    from harness.worker.graph_reads import hold, moved
+
+    p = torch.nn.Parameter(torch.ones(4))
+    old = p.data_ptr()
+    held = hold([("w", p)])
+    p.data = torch.zeros(4)
+    assert moved(held, {"w": p}) == ["w"]
+    assert held["w"].data_ptr() == old and torch.equal(held["w"], torch.ones(4))
