@@ -404,6 +404,18 @@ def test_the_preflight_fails_m2n_on_a_wrong_nccl_library_where_its_package_is_in
     assert [f.kind for f in missing_package_findings(request)] == ["ok"]
 
 
+def test_cpu_engine_tests_are_skipped_on_a_cuda_host_and_gpu_tests_elsewhere():
+    """``make test`` on a GPU host ran every ``cpu``-marked engine test against CUDA vLLM with the
+    CPU backend's expectations; they are now skipped there with the reason."""
+    from harness.orchestrate.pytest_plugin import CPU_EXPECTATIONS, NO_GPU, device_skip
+
+    assert device_skip({"cpu": True}, cuda=True) == CPU_EXPECTATIONS
+    assert device_skip({"gpu": True}, cuda=True) is None
+    assert device_skip({"gpu": True}, cuda=False) == NO_GPU
+    assert device_skip({"cpu": True}, cuda=False) is None
+    assert device_skip({}, cuda=True) is None  # unit tests run everywhere
+
+
 def test_v2_full_graphs_are_counted_though_they_record_no_inputs():
     import types
 
