@@ -223,6 +223,47 @@ def mode_reference_name(mode: str) -> str:
     return f"reference-{mode}"
 
 
+BatchShape = tuple[str, ...]
+"""How an engine batches and schedules the observed prompts, as tags (``batch_shape``)."""
+
+
+def batch_shape(requirements: EngineRequirements, engine: EngineSpec) -> BatchShape:
+    """What decides the batch composition and scheduling of an engine's observed generation:
+    ``http`` (``vllm serve``, sent one request at a time: prefills of one prompt, decode steps of
+    one sequence), ``prefix-cache`` (the prompts' shared prefix served from the cache: prefills of
+    the suffix only). Empty: ``LLM.generate`` of every prompt at once, every token prefilled. On a
+    GPU, bf16 GEMM and attention kernels pick tiles and reduction orders by these shapes."""
+    prefix = requirements.enable_prefix_caching
+    cached = engine.setting("enable_prefix_caching") if prefix is None else prefix
+    return (("http",) if requirements.kind == "http" else ()) + (("prefix-cache",) if cached else ())
+
+
+def shape_reference_requirements(requirements: EngineRequirements, engine: EngineSpec) -> EngineRequirements:
+    """A cold B built to observe in the same batch shapes (and LoRA role and mode) as a subject
+    of ``requirements``, and nothing else of the subject's engine."""
+    shape = batch_shape(requirements, engine)
+    return EngineRequirements(
+        kind="http" if "http" in shape else "llm",
+        enable_prefix_caching="prefix-cache" in shape,
+        mode=requirements.mode,
+        lora=requirements.lora,
+    )
+
+
+def shape_reference_name(requirements: EngineRequirements, engine: EngineSpec) -> str:
+    """The name of ``shape_reference_requirements``' arm: ``reference-http``,
+    ``reference-lora-adapter-prefix-cache``..."""
+    r = shape_reference_requirements(requirements, engine)
+    tags = ((f"lora-{r.lora}",) if r.lora else ()) + ((r.mode,) if r.mode else ()) + batch_shape(r, engine)
+    return "reference-" + "-".join(tags)
+
+
+def base_reference_requirements(requirements: EngineRequirements) -> EngineRequirements:
+    """The requirements of the reference a subject's noise floor comes from: plain, or a cold
+    LoRA engine of its role."""
+    return EngineRequirements(lora=requirements.lora)
+
+
 def make_plan(
     spec: RunSpec,
     checkpoints: CheckpointSet,
@@ -358,6 +399,26 @@ def make_plan(
                 requirements=EngineRequirements(mode=mode),
             ),
         )
+    # A subject that batches or schedules the observed prompts otherwise than its reference (vllm
+    # serve's one request at a time; the prefix cache's suffix-only prefills) is compared with a
+    # cold B observed in its own shapes: on a GPU, bf16 kernels round by batch shape, and the
+    # noise floor (two cold starts of one shape) cannot show it.
+    shaped: dict[str, EngineRequirements] = {}
+    for r in groups:
+        if batch_shape(r, spec.engine) != batch_shape(base_reference_requirements(r), spec.engine):
+            shaped.setdefault(shape_reference_name(r, spec.engine), shape_reference_requirements(r, spec.engine))
+    for name, requirements in sorted(shaped.items(), reverse=True):
+        arms.insert(
+            2,
+            arm_plan(
+                name=name,
+                role="shape_reference",
+                paths=(),
+                start="B",
+                steps=(Observe(cold),),
+                requirements=requirements,
+            ),
+        )
     # One cold start per trainer step, shared by every trainer path: their trainers start from
     # A and compute the same steps (the arms check it against the prepared steps).
     if any(paths[p].trains for p in runnable):
@@ -410,6 +471,9 @@ class PreflightCell:
     """Its arms."""
     skipped: tuple[SkippedPath, ...]
     """Its paths that would be SKIPPED there, with the reason."""
+    packages: tuple[tuple[str, str], ...] = ()
+    """The modules its engine configuration imports (``RunSpec.requires_packages``): the engine
+    side looks for them in its own interpreter, and a missing one SKIPs the cell."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,15 @@ from typing import Literal
 
 TensorKind = Literal["parameter", "buffer", "attribute", "object", "closure", "kernel", "number"]
 ArmRole = Literal[
-    "reference", "noise", "mode_reference", "lora_reference", "lora_noise", "trainer_reference", "subject", "damaged"
+    "reference",
+    "noise",
+    "mode_reference",
+    "shape_reference",
+    "lora_reference",
+    "lora_noise",
+    "trainer_reference",
+    "subject",
+    "damaged",
 ]
 ArmStatus = Literal["ok", "error"]
 

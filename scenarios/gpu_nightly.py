@@ -81,6 +81,13 @@ IHC_ALIASES = (
 )
 """The weights HunYuan V4's fused iHC ops read through their owner alias (sm100/sm103 only)."""
 
+HPC_OPS = (
+    "hpc",
+    "attention_backend=HPC_ATTN and HpcRopeNorm need Tencent's hpc-ops (https://github.com/Tencent/hpc-ops), which "
+    "is not on PyPI and no extra installs: build it into the runner image (docs/gpu-nightly.md, 'Building hpc-ops')",
+)
+"""The module the HPC cell's engines import, and where to get it."""
+
 HPC_ATTN = EngineConfig(
     label="hpc",
     args=encode({"attention_backend": "HPC_ATTN"}),
@@ -88,6 +95,7 @@ HPC_ATTN = EngineConfig(
     expect_census=HPC_QK_NORM,
     devices=("sm90",),
     skip_reason="the HPC QK-norm configuration (attention_backend=HPC_ATTN with Tencent's hpc-ops) runs on sm90 only",
+    packages=(HPC_OPS,),
 )
 
 

@@ -19,7 +19,8 @@ engine or touching a GPU. Everything that can be checked without CUDA is:
   sharded-RDT executor check), and the first round's update payload is built and validated as
   the backend builds it (sparse patches through ``_validate_patch``, the dense source through
   ``_checked_iter``, IPC handles through vLLM's msgpack encoder under the engine's environment).
-- **packages**: the optional packages each backend needs (a missing one is a SKIP, not a problem).
+- **packages**: the optional packages each backend needs, and the modules an engine configuration
+  imports (the HPC cell's ``hpc``); a missing one is a SKIP with the install steps, not a problem.
 - **placement**: every arm's Ray actor on a machine of N GPUs, then, inside a Ray with exactly
   the GPUs the arm holds, the engine's placement group, the ``LLM`` actor, vLLM's Ray workers
   and every trainer rank, with the options the arm uses (``harness.arm.placement``); a
@@ -574,14 +575,25 @@ def _place_inside(ray, hold, gate, placed: TransferLayout, arm_gpus: float, wher
 
 
 def missing_package_findings(request: PreflightRequest) -> list[Finding]:
-    from harness.paths.weight_transfer import missing_packages
+    from harness.paths.weight_transfer import missing_packages, nccl_library_problem
+    from harness.spec.engine_config import missing_modules, missing_modules_reason
 
     out = []
+    # An engine configuration's modules (the HPC cell's hpc-ops), once per cell group.
+    for cell_id, packages in sorted({(c.id, c.packages) for c in request.cells if c.packages}):
+        missing = missing_modules(packages)
+        if missing:
+            out.append(Finding("skip", cell_id, "packages", "SKIPPED: " + missing_modules_reason(missing)))
+        else:
+            out.append(Finding("ok", cell_id, "packages", ", ".join(m for m, _ in packages) + " installed"))
     for backend in sorted(
         {a.plan.requirements.weight_transfer_backend for c in request.cells for a in c.arms} - {None}
     ):
         missing = missing_packages(backend)
-        if missing:
+        nccl = None if missing else nccl_library_problem(backend, dict(os.environ))
+        if nccl:
+            out.append(Finding("problem", f"transfer_{backend}", "packages", nccl))
+        elif missing:
             out.append(
                 Finding(
                     "skip",

@@ -55,7 +55,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
                     f", CPUs with {' or '.join(known.cpu_capabilities)}" if known.cpu_capabilities else "",
                 )
             )
-            print(f"    known issue on {known.device}{scope} (XFAIL while it holds): {known.reason}")
+            print(f"    known issue on {known.where}{scope} (XFAIL while it holds): {known.reason}")
         for refusal in cls.refusals:
             print(f"    declined by vLLM on {refusal.device} (SKIPPED with vLLM's words): {refusal.reason}")
         if name in PATHS.third_party:
@@ -64,7 +64,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
         print(f"{name:28} refused   {why}")
     for known in KNOWN_ISSUES:
         scope = (
-            f"{known.device}, vLLM {' or '.join(known.vllm) or 'any'}, "
+            f"{known.where}, vLLM {' or '.join(known.vllm) or 'any'}, "
             f"{', '.join(known.architectures) or 'any architecture'}, paths {', '.join(known.paths) or 'all'}"
             + (f", {'/'.join(known.dtypes)}" if known.dtypes else "")
             + (f", CPUs with {' or '.join(known.cpu_capabilities)}" if known.cpu_capabilities else "")

@@ -24,10 +24,12 @@ from harness.plan import (
     ArmPlan,
     Observe,
     Refit,
+    batch_shape,
     lora_noise_name,
     lora_reference_name,
     mode_reference_name,
     sabotaged_twin,
+    shape_reference_name,
     trainer_reference_name,
 )
 from harness.records import ArmResult, ObservationLabel
@@ -111,6 +113,11 @@ def evaluate(out: Path) -> Evaluation:
 
         # Plans made before mode references existed have none: the run's reference then serves.
         own_mode = None if same_mode else results.get(mode_reference_name(mode))
+        # The refit is compared with a cold B observed in the subject's own batch shapes.
+        shaped = shape_reference(arm, own_ref_arm, record.plan.arms, results)
+        if isinstance(shaped, Verdict):
+            verdicts.append(replace(shaped, path=path))
+            continue
 
         def compared(
             owner: str,
@@ -119,7 +126,7 @@ def evaluate(out: Path) -> Evaluation:
             control=control,
             arm=arm,
             same_mode=same_mode,
-            own_mode=own_mode,
+            own_mode=shaped or own_mode,
             own_ref=own_ref,
             own_noise=own_noise,
         ):
@@ -210,6 +217,36 @@ def evaluate(out: Path) -> Evaluation:
     return Evaluation(
         record=record, arms=tuple(results.values()), comparisons=tuple(comparisons), verdicts=tuple(verdicts)
     )
+
+
+def shape_reference(
+    arm: ArmPlan, base: ArmPlan | None, planned: tuple[ArmPlan, ...], results: dict[str, ArmResult]
+) -> ArmResult | Verdict | None:
+    """The cold B a subject arm's refit is compared with when it observes in other batch shapes
+    (``plan.batch_shape``) than its base reference ``base``: the planned shape reference's result.
+    None when the shapes are the same. A verdict when it cannot be judged: the plan has no such
+    arm (made before the rule: refused, since bf16 kernels on a GPU round by batch shape and the
+    noise floor cannot show it), or the arm left no result."""
+    if base is None:
+        return None
+    shape, base_shape = batch_shape(arm.requirements, arm.engine), batch_shape(base.requirements, base.engine)
+    if shape == base_shape:
+        return None
+    name = shape_reference_name(arm.requirements, arm.engine)
+    shown = "/".join(shape or ("batched",)), "/".join(base_shape or ("batched",))
+    if not any(a.name == name for a in planned):
+        return Verdict(
+            arm.name,
+            VerdictStatus.INCONCLUSIVE,
+            (
+                f"the subject observes in other batch shapes ({shown[0]}) than its reference {base.name} "
+                f"({shown[1]}), and no cold B of its shapes ({name}) was planned: a difference could be the "
+                "kernels' batch-shape rounding alone, so the comparison is refused",
+            ),
+        )
+    if name not in results:
+        return Verdict(arm.name, VerdictStatus.ERROR, (f"{name} (cold B in the subject's batch shapes) never ran",))
+    return results[name]
 
 
 def cpu_flags_of(subject: ArmResult, record: RunRecord) -> tuple[str, ...] | None:

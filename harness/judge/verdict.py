@@ -378,7 +378,7 @@ def _against_known(v: Verdict, knowns: tuple[KnownIssue, ...], explaining: tuple
     if not knowns:
         return v
     if v.status is VerdictStatus.PASS:
-        gone = f"known issue on {knowns[0].device} did not reproduce, so the expectation is out of date: " + " / ".join(
+        gone = f"known issue on {knowns[0].where} did not reproduce, so the expectation is out of date: " + " / ".join(
             k.reason for k in knowns
         )
         return replace(v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons), known=_titles(knowns))
@@ -386,11 +386,11 @@ def _against_known(v: Verdict, knowns: tuple[KnownIssue, ...], explaining: tuple
         return replace(
             v,
             status=VerdictStatus.XFAIL,
-            reasons=tuple(f"known issue on {k.device}: {k.reason}" for k in explaining) + v.reasons,
+            reasons=tuple(f"known issue on {k.where}: {k.reason}" for k in explaining) + v.reasons,
             known=_titles(explaining),
         )
     if v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
-        beyond = f"beyond this path's known issue on {knowns[0].device} (" + " / ".join(k.reason for k in knowns) + ")"
+        beyond = f"beyond this path's known issue on {knowns[0].where} (" + " / ".join(k.reason for k in knowns) + ")"
         return replace(v, reasons=(*v.reasons, beyond))
     return v
 

@@ -178,6 +178,19 @@ def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress, adapters=Non
         )
 
 
+def configuration_unavailable(spec: RunSpec) -> str | None:
+    """Why the run's engine configuration cannot run on this machine at all: a device it lacks,
+    or a module its engines import that is not installed (with how to get it); None if it can."""
+    from harness.device import unmet
+    from harness.spec.engine_config import missing_modules, missing_modules_reason
+
+    if why := unmet(spec.requires_device):
+        return f"{spec.requires_reason or 'this engine configuration'} ({why})"
+    if missing := missing_modules(spec.requires_packages):
+        return missing_modules_reason(missing)
+    return None
+
+
 def unavailable_paths(
     classes: dict, tensor_parallel_size: int, gpus: int | None, cuda: bool | None = None, packages: bool = True
 ) -> dict[str, str]:
@@ -258,11 +271,9 @@ def prepare(
             + f"): {type(exc).__name__}: {exc}"
         ) from exc
     classes = {p: PATHS.get(p) for p in spec.paths}
-    from harness.device import unmet
-
     unavailable: dict[str, str] = {}
-    if why := unmet(spec.requires_device):  # the engine configuration cannot run on this machine
-        unavailable = {p: f"{spec.requires_reason or 'this engine configuration'} ({why})" for p in spec.paths}
+    if why := configuration_unavailable(spec):
+        unavailable = {p: why for p in spec.paths}
     for p, r in unavailable_paths(
         classes, spec.engine.tensor_parallel_size, gpu_count() if cuda_available() else None
     ).items():

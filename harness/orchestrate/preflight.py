@@ -50,7 +50,9 @@ def plan_cells(
             PreflightArm(arm, float(arm_resources(arm, FanoutSpec(), cuda=True).get("num_gpus", 0)))
             for arm in plan.arms
         )
-        cells.append(PreflightCell(id=cell_id, gpus=n, arms=arms, skipped=plan.skipped))
+        cells.append(
+            PreflightCell(id=cell_id, gpus=n, arms=arms, skipped=plan.skipped, packages=spec.requires_packages)
+        )
     return tuple(cells)
 
 

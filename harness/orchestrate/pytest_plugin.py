@@ -5,7 +5,8 @@
   e.g. ``reload_weights[tiny-qwen3-eager-tp1]``. A cell group's engines run once, for all
   its items; a failing item prints its verdict reasons, not a traceback. At session end
   the scenario report is written to ``--refit-out``, or beside ``--junitxml``.
-- ``cpu``/``gpu`` markers; ``gpu`` items are skipped with a reason where there is no GPU.
+- ``cpu``/``gpu`` markers; ``gpu`` items are skipped with a reason where there is no GPU, and
+  ``cpu`` items (real engines judged with the CPU backend's expectations) where there is one.
 - ``--refit-fresh-reference``: reference reuse is on under pytest unless this is given.
 
 The harness's own test helpers (``run_cli``, ``run_oracle``) live in ``tests/``.
@@ -48,13 +49,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with a reason elsewhere")
 
 
+NO_GPU = "needs a CUDA GPU (none here; set HARNESS_DEVICE=gpu on a GPU host)"
+CPU_EXPECTATIONS = (
+    "a CPU engine test: its expected verdicts, known issues and refusals are the CPU backend's, and on this "
+    "CUDA host vLLM would run CUDA kernels (the GPU's checks are the gpu-nightly scenario and the gpu tests)"
+)
+
+
+def device_skip(keywords, cuda: bool) -> str | None:
+    """Why an item marked ``cpu`` or ``gpu`` cannot run on this host, or None."""
+    if cuda and "cpu" in keywords:
+        return CPU_EXPECTATIONS
+    if not cuda and "gpu" in keywords:
+        return NO_GPU
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if cuda_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here; set HARNESS_DEVICE=gpu on a GPU host)")
+    cuda = cuda_available()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if why := device_skip(item.keywords, cuda):
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 class RefitFailure(Exception):

@@ -106,14 +106,24 @@ class SleepLevel2(ReloadWeightsFromDirectory):
     cpu_skip_reason = CPU_SLEEP
     requirements = EngineRequirements(enable_sleep_mode=True)
 
-    sabotage = "sleep(level=2) and wake_up() without the reload: the weights are whatever the woken memory holds"
+    sabotage = (
+        "sleep(level=2), one model buffer zeroed in the CPU copies vLLM saved (the rotary cos_sin_cache where "
+        "there is one), wake_up(tags=['weights']), reload_weights, wake_up(tags=['kv_cache']): a wake-up that "
+        "restores nothing for a buffer no reload rewrites"
+    )
+    # The damaged buffer is chosen in the worker (its census name is the model's); what it breaks
+    # shows in every attention layer's output.
+    sabotage_evidence = "tokens"
 
-    def refit(self, engine, checkpoint_dir, target, reload: bool = True):
+    def refit(self, engine, checkpoint_dir, target, break_restore: bool = False):
         engine.call("sleep", level=2)
+        if break_restore:
+            engine.rpc("refit_harness_zero_sleep_saved_buffer", {})
         engine.call("wake_up", tags=["weights"])
-        if reload:
-            super().refit(engine, checkpoint_dir, target)
+        super().refit(engine, checkpoint_dir, target)
         engine.call("wake_up", tags=["kv_cache"])
 
     def sabotaged_refit(self, engine, target):
-        self.refit(engine, self.checkpoints.directory(target), target, reload=False)
+        # The reload is real: only level 2's own restore is broken, so the twin is caught only if an
+        # observation after wake_up sees what the saved buffers restored.
+        self.refit(engine, self.checkpoints.directory(target), target, break_restore=True)

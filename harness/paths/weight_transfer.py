@@ -120,6 +120,55 @@ def missing_packages(backend: str) -> list[tuple[str, str]]:
     return missing
 
 
+NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12")
+"""The NCCL library wheels (``nccl-extensions[cu13]`` / ``[cu12]`` pull them; torch's CUDA wheels too)."""
+
+
+def nccl_library() -> tuple[str, str] | None:
+    """``(version, path of libnccl.so.2)`` of the newest installed NCCL wheel, or None."""
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    found = []
+    for dist in NCCL_WHEELS:
+        try:
+            meta = importlib.metadata.distribution(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        lib = next((f for f in meta.files or () if f.name.startswith("libnccl.so")), None)
+        if lib is not None:
+            found.append((Version(meta.version), meta.version, str(lib.locate())))
+    return max(found)[1:] if found else None
+
+
+def nccl_library_problem(backend: str, env: dict[str, str]) -> str | None:
+    """Why the backend's NCCL-linked library would not load with ``env`` (``VLLM_NCCL_SO_PATH``
+    unset or missing, no NCCL wheel, or one older than the backend needs), with the fix; None
+    when it would (or the backend links none)."""
+    import os
+
+    from packaging.version import Version
+
+    need = BACKENDS[backend].nccl
+    if need is None:
+        return None
+    lib = nccl_library()
+    if lib is None or Version(lib[0]) < Version(need):
+        have = f"NCCL {lib[0]}" if lib else "no NCCL wheel"
+        return (
+            f"needs NCCL >= {need} ({' or '.join(NCCL_WHEELS)}); {have} here: install nccl-extensions[cu12] or "
+            "[cu13], the one matching torch's CUDA"
+        )
+    given = env.get("VLLM_NCCL_SO_PATH")
+    if not given or not os.path.exists(given):
+        return (
+            f"VLLM_NCCL_SO_PATH {'is not set' if not given else given + ' does not exist'}: vLLM must load the "
+            f"libnccl that libnccl_m2n was linked against (NCCL {lib[0]}: VLLM_NCCL_SO_PATH={lib[1]})"
+        )
+    return None
+
+
 def _transfer(backend: str, *, cuda: bool, what: str, fields=None) -> type[WeightTransferPath]:
     """One path class per backend; ``fields`` overrides the trainer init fields when the
     backend's TrainerInitInfo is not the NCCL-style (address, port, world size) one."""

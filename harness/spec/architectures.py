@@ -27,6 +27,7 @@ FIXTURE_ARCHITECTURES = {
             "ValidatedCacheQwen3ForCausalLM",
         )
     },
+    "BatchShapeQwen3ForCausalLM": "harness.worker.fixtures.models:BatchShapeQwen3ForCausalLM",
 }
 
 FIXTURE_QUANT_METHODS = {

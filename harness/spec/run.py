@@ -235,6 +235,9 @@ class RunSpec:
     SKIPPED with ``requires_reason``. Empty: anywhere."""
     requires_reason: str = ""
     """Why the configuration needs that device (shown in the SKIPPED reason)."""
+    requires_packages: tuple[tuple[str, str], ...] = ()
+    """``(module, why and how to install it)`` of the modules the engine configuration imports
+    (``EngineConfig.packages``); where one is missing every path is SKIPPED with that text."""
     expected_census: tuple[str, ...] = ()
     """Regular expressions (searched) of census names the cold-B reference must observe: the
     state the engine configuration's kernels read (a scenario's ``EngineConfig.expect_census``).

@@ -173,6 +173,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                             expected_census=config.expect_census,
                             requires_device=config.devices,
                             requires_reason=config.skip_reason,
+                            requires_packages=config.packages,
                             lora=s.lora,
                             lora_target=s.lora_target,
                         )

@@ -56,6 +56,9 @@ class Backend:
     packages: tuple[tuple[str, str], ...] = ()
     """``(distribution, what needs it)`` of packages vLLM does not install (the ``gpu-full``
     extra); a cell whose package is missing is SKIPPED with that reason."""
+    nccl: str | None = None
+    """The oldest NCCL library it runs with, where it links a library of its own against NCCL
+    (``libnccl_m2n``): vLLM must then load that same library, ``VLLM_NCCL_SO_PATH``."""
     insecure_serialization: bool = False
     """Its update payload carries Python objects (IPC handles) that vLLM's msgpack between
     the front end and a separate engine core refuses without ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``."""
@@ -79,6 +82,7 @@ BACKENDS: dict[str, Backend] = {
             executor="default",
             trainer="own",
             packages=(("nccl-extensions", "nccl_m2n's trainer and workers import nccl.m2n"),),
+            nccl="2.30.5",  # vLLM's m2n_common import hint
         ),
         Backend(
             "sharded_rdt",

@@ -205,6 +205,13 @@ class RefitObserver:
                 raise LookupError(f"{where}: {exc}") from None
         return zeroed
 
+    def refit_harness_zero_sleep_saved_buffer(self) -> str:
+        """While asleep at level 2: zero one model buffer in the CPU copies ``wake_up`` restores
+        (``harness.worker.sleep_backup.zero_saved_buffer``); its name."""
+        from harness.worker.sleep_backup import zero_saved_buffer
+
+        return zero_saved_buffer(getattr(self, "_sleep_saved_buffers", None) or {})
+
     # ---- reads of moved storage by captured graphs (harness.worker.graph_reads) ------
 
     def _refit_harness_named_tensors(self) -> dict[str, Any]:
@@ -221,21 +228,23 @@ class RefitObserver:
     def refit_harness_moved_tensors(self) -> dict[str, Any]:
         """After a refit: the held tensors whose address moved, those whose old address a captured
         graph recorded as an input, the ones that cannot be poisoned (with why), and how many
-        graphs are captured."""
-        from harness.worker.graph_reads import captured_input_addresses, moved, poison_plan
+        graphs are captured (the V2 runner's FULL graphs, which record no inputs, apart)."""
+        from harness.worker.graph_reads import captured_input_addresses, full_graphs_without_inputs, moved, poison_plan
 
         held = getattr(self, "_refit_harness_held", None)
         if held is None:
             return {"rank": int(getattr(self, "rank", 0)), "held": False}
         now = self._refit_harness_named_tensors()
         names = moved(held, now)
-        addresses, graphs = captured_input_addresses()
+        addresses, recorded = captured_input_addresses()
+        unrecorded = full_graphs_without_inputs(getattr(self, "model_runner", None))
         captured = [n for n in names if held[n].data_ptr() in addresses]
         poisonable, refused = poison_plan(held, [n for n in names if n not in captured], now.values())
         return {
             "rank": int(getattr(self, "rank", 0)),
             "held": True,
-            "graphs": graphs,
+            "graphs": recorded + unrecorded,
+            "graphs_without_inputs": unrecorded,
             "moved": names,
             "captured": captured,
             "poisonable": poisonable,

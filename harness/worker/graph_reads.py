@@ -6,12 +6,16 @@ storage (REBOUND), the graph keeps reading the old storage until it is captured 
 Triton/Inductor kernels are no ops either). So under CUDA graphs a moved tensor is judged by what
 can be shown of the captured graphs:
 
-- before the refit the worker **holds** every census tensor (``hold``): the old storage of a
-  tensor that moves stays allocated, so its old address keeps its old bytes and is never reused;
-- after it, **moved** tensors are those whose address changed;
+- before the refit the worker **holds** an alias of every census tensor (``hold``: ``t.detach()``,
+  a new tensor on the same storage): the old storage of a tensor that moves stays allocated, so
+  its old address keeps its old bytes and is never reused, even when the refit rebinds
+  ``param.data`` on the same Parameter object;
+- after it, **moved** tensors are those whose address differs from the held alias's (the
+  address the census saw before the refit);
 - a moved tensor is READ when its old address is an input address vLLM's ``CUDAGraphWrapper``
   recorded at capture (``CUDAGraphEntry.input_addresses``: the piecewise graphs' inputs, weights
-  included); otherwise its old bytes are **poisoned** (every bit flipped, which undoes itself),
+  included). vLLM's V2 model runner keeps its FULL graphs in ``CudaGraphManager.graphs`` with no
+  input addresses, so for those only poisoning can tell; otherwise its old bytes are **poisoned** (every bit flipped, which undoes itself),
   the arm generates a batch inside the captured sizes, and any change from the same batch before
   poisoning is a READ; no change shows it UNREAD;
 - a tensor that cannot be poisoned safely (not floating point: an index could fault the device;
@@ -32,17 +36,28 @@ POISONABLE = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.floa
 
 
 def hold(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The tensors as they are before a refit, by name (holding them keeps their storage alive)."""
-    return {name: t for name, t in named if t.device.type != "meta" and t.numel()}
+    """Aliases of the tensors as they are before a refit, by name: ``t.detach()`` shares the
+    storage, so holding it keeps that storage alive and at its address whatever the refit does
+    to the object itself (a ``param.data = new`` rebind replaces the object's storage, and would
+    free the old one if the object were held)."""
+    return {name: t.detach() for name, t in named if t.device.type != "meta" and t.numel()}
 
 
 def moved(held: dict[str, torch.Tensor], now: dict[str, torch.Tensor]) -> list[str]:
-    """Names whose tensor's address changed across the refit."""
+    """Names whose tensor's address now differs from its held alias's (its address before the refit)."""
     return sorted(n for n, t in held.items() if n in now and now[n].data_ptr() != t.data_ptr())
 
 
+def full_graphs_without_inputs(model_runner: object) -> int:
+    """How many FULL graphs vLLM's V2 model runner captured (``CudaGraphManager.graphs``): they
+    record no input addresses, so a moved tensor they read shows only by poisoning."""
+    manager = getattr(model_runner, "cudagraph_manager", None)
+    return len(getattr(manager, "graphs", None) or {})
+
+
 def captured_input_addresses() -> tuple[set[int], int]:
-    """Every input address vLLM's captured CUDA graphs recorded, and how many graphs there are."""
+    """Every input address vLLM's ``CUDAGraphWrapper`` graphs (piecewise, and the V1 runner's
+    FULL ones) recorded, and how many such graphs there are."""
     try:
         from vllm.compilation.cuda_graph import CUDAGraphWrapper
     except ImportError:

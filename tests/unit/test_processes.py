@@ -24,13 +24,15 @@ FAN = FanoutSpec(arm_memory_bytes=1, ray=False)  # memory never the limit here: 
 
 
 def arms(tmp_path, body: str, tp: dict[str, int] | None = None):
-    """The four arms of a reload_weights + http_reload run, each running ``body`` (sh)."""
+    """The four arms of a reload_weights + http_reload run, each running ``body`` (sh): the reference,
+    the noise floor and the two subjects (http_reload's cold B of its own batch shapes left out: the
+    scheduling is what these tests are about)."""
     script = tmp_path / "fake-python"
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(0o755)
     record = write_run(tmp_path / "run")
     out = []
-    for a in record.plan.arms:
+    for a in (a for a in record.plan.arms if a.role != "shape_reference"):
         engine = dataclasses.replace(a.engine, tensor_parallel_size=(tp or {}).get(a.name, 1))
         out.append(dataclasses.replace(a, build=BuildSpec("fake", str(script)), engine=engine, timeout_s=60))
     return out, tmp_path / "run"
