@@ -74,9 +74,12 @@ _TRITON_REQUIRED = re.compile(
     r'[ \t]+raise RuntimeError\("vLLM on x86 CPUs requires Triton \(triton-cpu\)\."\)\n'
 )
 _STANDALONE_ONLY_OFF_X86 = "return not HAS_TRITON and cls.get_cpu_architecture() != CpuArchEnum.X86"
+_X86_TARGETS_ANCHOR = "    set(_C_LIBS numa dnnl_ext)\n"
 _STANDALONE_OPS = (
-    "\n# refit-harness: x86 without triton-cpu runs the standalone CPU model runner; compile its ops.\n"
-    "set_source_files_properties(csrc/cpu/torch_bindings.cpp PROPERTIES COMPILE_DEFINITIONS VLLM_STANDALONE_CPU_MRV2)\n"
+    "    # refit-harness: x86 without triton-cpu runs the standalone CPU model runner: its sources and ops\n"
+    '    list(APPEND VLLM_EXT_SRC_AVX512 "csrc/cpu/block_table.cpp" "csrc/cpu/input_batch.cpp")\n'
+    '    list(APPEND VLLM_EXT_SRC_AVX2 "csrc/cpu/block_table.cpp" "csrc/cpu/input_batch.cpp")\n'
+    "    set_source_files_properties(csrc/cpu/torch_bindings.cpp PROPERTIES COMPILE_DEFINITIONS VLLM_STANDALONE_CPU_MRV2)\n"
 )
 _GCC_CHECK = re.compile(r"(CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL )(\d+\.\d+)(\)\))")
 _X86_EXTENSIONS = re.compile(
@@ -190,7 +193,10 @@ def without_triton_cpu(root: Path) -> tuple[SourceEdit, ...]:
     )
     platform_file.write_text(text.replace(_STANDALONE_ONLY_OFF_X86, "return not HAS_TRITON", 1))
     cmake = root / "cmake" / "cpu_extension.cmake"
-    cmake.write_text(cmake.read_text() + _STANDALONE_OPS)
+    cmake_text = cmake.read_text()
+    if cmake_text.count(_X86_TARGETS_ANCHOR) != 1:
+        raise BuildError(f"{cmake.name}: the x86 extension targets are not where expected (edit by hand)")
+    cmake.write_text(cmake_text.replace(_X86_TARGETS_ANCHOR, _STANDALONE_OPS + _X86_TARGETS_ANCHOR))
     return (
         SourceEdit(
             "vllm/platforms/cpu.py",
@@ -198,7 +204,9 @@ def without_triton_cpu(root: Path) -> tuple[SourceEdit, ...]:
             "without Triton) instead of refusing to start",
         ),
         SourceEdit(
-            "cmake/cpu_extension.cmake", "the standalone runner's ops (VLLM_STANDALONE_CPU_MRV2) compiled on x86"
+            "cmake/cpu_extension.cmake",
+            "the standalone runner's sources (block_table.cpp, input_batch.cpp) and ops "
+            "(VLLM_STANDALONE_CPU_MRV2) compiled into the x86 variants",
         ),
     )
 

@@ -17,6 +17,11 @@ CMAKE = """if (CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|amd64" OR ENABLE_X86_ISA)
             CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3))
         message(FATAL_ERROR "X86 backend requires gcc/g++ >= 12.3")
     endif()
+endif()
+if (ENABLE_X86_ISA)
+    set(VLLM_EXT_SRC_AVX512 "csrc/cpu/utils.cpp" "csrc/cpu/torch_bindings.cpp")
+    set(_C_LIBS numa dnnl_ext)
+endif()
 """
 SETUP = """import os
 ext_modules = []
@@ -152,7 +157,10 @@ def test_x86_without_triton_cpu_takes_the_standalone_runner(sdist):
     assert [e.file for e in edits] == ["setup.py", "vllm/platforms/cpu.py", "cmake/cpu_extension.cmake"]
     text = (sdist / "vllm" / "platforms" / "cpu.py").read_text()
     assert "raise RuntimeError" not in text and "return not HAS_TRITON\n" in text
-    assert "VLLM_STANDALONE_CPU_MRV2" in (sdist / "cmake" / "cpu_extension.cmake").read_text()
+    cmake = (sdist / "cmake" / "cpu_extension.cmake").read_text()
+    assert "VLLM_STANDALONE_CPU_MRV2" in cmake
+    # the runner's own sources join the x86 variants before the targets are defined
+    assert cmake.index('list(APPEND VLLM_EXT_SRC_AVX512 "csrc/cpu/block_table.cpp"') < cmake.index("set(_C_LIBS")
 
 
 def test_a_vllm_that_does_not_refuse_is_left_alone_and_a_changed_one_is_refused(sdist):
