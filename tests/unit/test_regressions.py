@@ -362,3 +362,11 @@ def test_a_loud_bug_is_caught_by_its_error_in_vllm_words_and_a_live_bug_through_
     xfail = ev(VerdictStatus.XFAIL, [words])
     assert judge_entry(live, xfail, xfail)["caught"]  # stock has it; the known issue names it
     assert not judge_entry(entry(("patch.diff",), "XFAIL"), xfail, xfail)["caught"]  # a patched XFAIL is no catch
+
+
+def test_the_retried_feed_sends_every_bucket_twice_in_a_row_ending_on_the_targets_values():
+    from harness.paths.replay import retried_feed
+
+    feed = retried_feed([("gate", 1), ("up", 2), ("down", 3)])
+    assert feed == [("gate", 1), ("gate", 1), ("up", 2), ("up", 2), ("down", 3), ("down", 3)]
+    assert dict(feed) == {"gate": 1, "up": 2, "down": 3}  # the last value of each name is the target's
