@@ -319,6 +319,7 @@ def run_regressions(
             write_reports(patched_ev, where)
             patched_dir = str(where.relative_to(out))
             patched_ev = evaluate(where)
+        judged: dict
         if status:
             judged = {"patched": (), "stock": (), "evidence": (), "detail": not_here, "caught": False, "unmet": ()}
         else:
