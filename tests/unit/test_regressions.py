@@ -370,3 +370,71 @@ def test_the_retried_feed_sends_every_bucket_twice_in_a_row_ending_on_the_target
     feed = retried_feed([("gate", 1), ("up", 2), ("down", 3)])
     assert feed == [("gate", 1), ("gate", 1), ("up", 2), ("up", 2), ("down", 3), ("down", 3)]
     assert dict(feed) == {"gate": 1, "up": 2, "down": 3}  # the last value of each name is the target's
+
+
+def test_the_recall_page_has_a_column_per_vllm_version_with_skipped_and_masked_cells():
+    from harness.report.recall import by_version, headline, page
+
+    def entry(i, status, detail="", ran=True, executable=True):
+        return {
+            "id": i,
+            "title": "t",
+            "fix": "https://github.com/vllm-project/vllm/pull/1",
+            "issue": "",
+            "model": "tiny-qwen3",
+            "paths": ["reload_weights"],
+            "ran": ran,
+            "status": status,
+            "executable": executable,
+            "fidelity": "stand-in" if i == "b" else "faithful",
+            "fidelity_note": "symptom only",
+            "patches": [],
+            "patched": [],
+            "stock": [],
+            "evidence": ["tensor"] if status == "caught" else [],
+            "detail": detail or "x",
+            "caught": status == "caught",
+            "expected_caught": True,
+            "met": True,
+            "unmet": [],
+            "seconds": 1.0,
+            "patched_run": "",
+            "stock_run": "",
+        }
+
+    def record(version, entries, recall):
+        return {
+            "schema_version": 2,
+            "stock": {"vllm": version},
+            "machine": {},
+            "started": "now",
+            "seconds": 1.0,
+            "all_met": True,
+            "recall": recall,
+            "entries": entries,
+        }
+
+    old = record(
+        "0.32.0",
+        [entry("a", "caught"), entry("b", "caught")],
+        {"caught": 2, "total": 2, "value": 1.0, "executable": {"caught": 2, "total": 2, "value": 1.0}},
+    )
+    new = record(
+        "0.34.0",
+        [entry("a", "skipped", "its patch does not apply", ran=False), entry("b", "masked", "zero-filled", ran=False)],
+        {
+            "caught": 0,
+            "total": 1,
+            "value": 0.0,
+            "executable": {"caught": 0, "total": 1, "value": 0.0},
+            "skipped": 1,
+            "masked": 1,
+        },
+    )
+    grid = by_version([old, new])
+    assert grid.splitlines()[0] == "| entry | vLLM 0.32.0 | vLLM 0.34.0 |"
+    assert "| a | caught (tensor) | SKIPPED: its patch does not apply |" in grid
+    assert "| b | caught (tensor) | masked: zero-filled |" in grid
+    assert "1 SKIPPED, 1 masked" in headline(new) and "**0 of 1**" in headline(new)
+    text = page([old, new])
+    assert "**stand-in**: symptom only" in text and "## vLLM 0.34.0" in text
