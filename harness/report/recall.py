@@ -148,8 +148,10 @@ Each row is a refit bug vLLM fixed upstream (or still has), re-injected into an 
 a patch (`regressions/<id>/`): the patched build is an overlay of the stock environment
 (`refit-harness build NAME --base-env ENV --patch FILE.diff`), and it runs the entry's model and
 reload path(s) beside stock vLLM. *Caught* means the patched build FAILs on the evidence the entry
-names (a census tensor, a recorded kernel input, greedy tokens, logprobs) while stock gets the
-verdict it expects. A miss is kept with the verdict it actually gets and the detector it needs.
+names (a census tensor, a recorded kernel input, greedy tokens, logprobs; for a loud bug, the
+refit's error in vLLM's own words) while stock gets the verdict it expects. A live bug (no patch:
+stock vLLM still has it) is judged on its stock run, where the path's known issue naming it makes
+it XFAIL. A miss is kept with the verdict it actually gets and the detector it needs.
 *Fidelity* says whether the patch takes out what the fix put in (`faithful`) or brings the symptom
 back by other code (`stand-in`, with why). An entry declares the vLLM versions each patch applies
 to: one without a patch for a version, or whose patch does not apply, is SKIPPED there with the
