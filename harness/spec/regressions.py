@@ -53,10 +53,10 @@ def version_in(version: str, specifier: str) -> bool:
     from packaging.version import InvalidVersion, Version
 
     try:
-        v = Version(version)
+        release = Version(Version(version).base_version)  # 0.34.0.dev3+gabc and 0.34.0+cpu are 0.34.0
     except InvalidVersion:
         return False
-    return _specifier(specifier).contains(v, prereleases=True)
+    return _specifier(specifier).contains(release)
 
 
 class _Frozen(BaseModel):

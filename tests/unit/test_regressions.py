@@ -239,12 +239,14 @@ def test_an_entry_takes_the_patch_declared_for_each_vllm_version(tmp_path):
         'masked = { ">=0.36" = "0.36 fixed it a second way" }\n',
         {"patch.diff": DIFF, "patch-0.34.diff": DIFF},
     )
-    names = {v: [p.name for p in e.patch_files(v)] for v in ("0.32.0", "0.33.0+cpu", "0.34.0", "0.34.1.dev7+gabc")}
+    versions = ("0.32.0", "0.33.0+cpu", "0.34.0", "0.34.0.dev3+gabc", "0.34.1.dev7+gabc")
+    names = {v: [p.name for p in e.patch_files(v)] for v in versions}
     assert names == {
         "0.32.0": ["patch.diff"],
         "0.33.0+cpu": ["patch.diff"],
         "0.34.0": ["patch-0.34.diff"],
-        "0.34.1.dev7+gabc": ["patch-0.34.diff"],  # main between releases counts as the release it leads to
+        "0.34.0.dev3+gabc": ["patch-0.34.diff"],  # main between releases counts as the release it leads to
+        "0.34.1.dev7+gabc": ["patch-0.34.diff"],
     }
     assert not e.unsupported("0.34.0") and "no patch is declared for vLLM 0.35.0" in e.unsupported("0.35.0")
     assert e.masked_on("0.36.0") == "0.36 fixed it a second way" and not e.masked_on("0.35.0")
