@@ -1,11 +1,12 @@
-"""``refit-harness recall-page RUN_DIR``: the "Recall on real bugs" page from a ``run -s regressions``
-record. It copies the run's ``regressions.json`` to ``docs/recall.json`` and renders
-``docs/recall.md`` from it, so the committed page can always be checked against its record."""
+"""``refit-harness recall-page RUN_DIR...``: the "Recall on real bugs" page from ``run -s regressions``
+records, one run per vLLM version (a column each). It copies the runs' ``regressions.json`` into
+``docs/recall.json`` (a list, in the order given) and renders ``docs/recall.md`` from it, so the
+committed page can always be checked against its records."""
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
 from pathlib import Path
 
 
@@ -14,19 +15,24 @@ def add_parsers(sub) -> None:
         "recall-page", help="write docs/recall.md (and its record docs/recall.json) from a regressions run"
     )
     p.set_defaults(handler=cmd_recall_page)
-    p.add_argument("run", help="the output directory of 'refit-harness run -s regressions'")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="output directories of 'refit-harness run -s regressions', one per vLLM version (a column each)",
+    )
     p.add_argument("--docs", default="docs", help="where recall.md and recall.json go (default: docs)")
 
 
 def cmd_recall_page(args: argparse.Namespace) -> int:
     from harness.orchestrate.regressions import RECORD
-    from harness.report.recall import load_record, page
+    from harness.report.recall import headline, load_record, page
 
-    source = Path(args.run) / RECORD
-    record = load_record(source)
+    records = [load_record(Path(run) / RECORD) for run in args.runs]
     docs = Path(args.docs)
     docs.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, docs / "recall.json")
-    (docs / "recall.md").write_text(page(record))
-    print(f"{docs / 'recall.md'}: {record['recall']['caught']}/{record['recall']['total']} caught")
+    (docs / "recall.json").write_text(json.dumps(records, indent=2) + "\n")
+    (docs / "recall.md").write_text(page(records))
+    for record in records:
+        print(f"{docs / 'recall.md'}: {headline(record)}")
     return 0

@@ -626,9 +626,13 @@ def run_regressions_scenario(spec, args: argparse.Namespace, fan, build_specs=()
         reuse_reference=args.reuse_reference,
     )
     r = summary["recall"]
+    x = r["executable"]
     print(
-        f"recall: {r['caught']}/{r['total']} ({r['value']:.0%}) of re-injected vLLM refit bugs caught; "
-        f"expectations {'all met' if summary['all_met'] else 'NOT all met'}"
+        f"recall: {x['caught']}/{x['total']} ({x['value']:.0%}) of the entries that execute here, "
+        f"{r['caught']}/{r['total']} ({r['value']:.0%}) of all"
+        + (f"; {r['skipped']} SKIPPED" if r["skipped"] else "")
+        + (f"; {r['masked']} masked on this vLLM" if r["masked"] else "")
+        + f"; expectations {'all met' if summary['all_met'] else 'NOT all met'}"
     )
     print(f"report: {(out / 'regressions.md').resolve()}")
     return summary["exit_code"]

@@ -5,7 +5,13 @@ environment, cached by the patches' digests), run the entry's model and paths on
 the same model and paths on stock (once per model, shared by the entries that use it). Then
 judge the entry from the two runs' records: which evidence the patched FAIL rests on (a census
 tensor, a kernel input, tokens, logprobs), whether that is the evidence the entry names, and
-whether stock gets the verdict it expects. Recall is the share of entries caught.
+whether stock gets the verdict it expects.
+
+The corpus runs on any vLLM build: an entry applies the patches declared for the build's version
+(``applies``); an entry with no patch for it, or whose patch does not apply, is SKIPPED with the
+reason and the run goes on; an entry masked on that version (``masked``) is reported so and left
+out of recall. Recall is stated twice: over the entries that execute on this device, and over
+every entry that is not masked (a SKIPPED or not-run entry counts there as not caught).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from harness.spec.build import BuildSpec
 from harness.spec.regressions import Entry
 from harness.spec.run import EngineSpec, RunSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RECORD = "regressions.json"
 
 
@@ -58,7 +64,17 @@ class Outcome:
     paths: tuple[str, ...]
     """Paths run."""
     ran: bool
-    """False for an entry whose patched code cannot run on this device (built only)."""
+    """False for an entry whose patched code cannot run on this device (built only), or that was
+    SKIPPED or masked on this version."""
+    status: str
+    """``caught``, ``missed``, ``skipped`` (no patch for this vLLM, or it does not apply) or
+    ``masked`` (this vLLM hides the bug)."""
+    executable: bool
+    """The entry's patched code executes on this device (``run`` in its ``entry.toml``)."""
+    fidelity: str
+    """``faithful`` or ``stand-in`` (``entry.toml``)."""
+    fidelity_note: str
+    """Why the entry is faithful, or what it does instead."""
     patches: tuple[tuple[str, str], ...]
     """(file name, sha256) of each patch applied."""
     patched: tuple[tuple[str, str], ...]
@@ -66,9 +82,11 @@ class Outcome:
     stock: tuple[tuple[str, str], ...]
     """(path, verdict) on stock vLLM."""
     evidence: tuple[str, ...]
-    """Evidence kinds the patched FAIL rests on (``tensor``, ``kernel_input``, ``tokens``, ``logprobs``)."""
+    """Evidence kinds the patched failure rests on (``tensor``, ``kernel_input``, ``tokens``, ``logprobs``,
+    ``error``)."""
     detail: str
-    """The first piece of that evidence, or why nothing was caught."""
+    """The first piece of that evidence, or why nothing was caught (for a miss, the detector it
+    needs), or why the entry was skipped or masked."""
     caught: bool
     """The patched build FAILed with the evidence the entry names."""
     expected_caught: bool
@@ -138,6 +156,7 @@ def evidence_of(ev: Evaluation, path: str) -> tuple[dict[str, list[str]], str]:
             ("kernel_input", kernel),
             ("tokens", [r for r in reasons if " diverges at token " in r]),
             ("logprobs", [r for r in reasons if "logprobs differ" in r]),
+            ("error", list(comp.errors)),
         ):
             if items:
                 found[kind] = items
@@ -145,8 +164,12 @@ def evidence_of(ev: Evaluation, path: str) -> tuple[dict[str, list[str]], str]:
 
 
 def judge_entry(entry: Entry, patched: Evaluation | None, stock: Evaluation | None) -> dict:
-    """The entry's evidence, caught flag and unmet expectations, from its runs (None: not run)."""
+    """The entry's evidence, caught flag and unmet expectations, from its runs (None: not run).
+    For a live bug (no patch) the patched run is the stock run, and a failure a known issue
+    expects (XFAIL) is caught like a FAIL: the issue names that very bug."""
     exp = entry.expect
+    # A loud bug is caught by its error; a live bug's failure may be one a known issue expects.
+    failing = ("FAIL", "ERROR", "XFAIL") if entry.live else ("FAIL", "ERROR")
     unmet: list[str] = []
     if patched is None:
         return {"patched": (), "stock": (), "evidence": (), "detail": exp.reason, "caught": False, "unmet": ()}
@@ -155,18 +178,20 @@ def judge_entry(entry: Entry, patched: Evaluation | None, stock: Evaluation | No
     for path in entry.exposure.paths:
         found, verdict = evidence_of(patched, path)
         patched_verdicts.append((path, verdict))
-        if verdict == "FAIL":
+        if verdict in failing:
             for k, items in found.items():
                 kinds.setdefault(k, []).extend(items)
         if stock is not None:
             stock_verdicts.append((path, next(v.status.value for v in stock.verdicts if v.path == path)))
     named = [t for k in ("tensor", "kernel_input") for t in kinds.get(k, [])]
     pattern_ok = exp.tensor is None or any(re.search(exp.tensor, t) for t in named)
+    words_ok = exp.error is None or any(re.search(exp.error, t) for t in kinds.get("error", []))
     caught = (
-        all(v == "FAIL" for _, v in patched_verdicts)
+        all(v in failing for _, v in patched_verdicts)
         and bool(exp.evidence)
         and all(k in kinds for k in exp.evidence)
         and pattern_ok
+        and words_ok
     )
     for path, v in patched_verdicts:
         if v != exp.patched:
@@ -179,13 +204,19 @@ def judge_entry(entry: Entry, patched: Evaluation | None, stock: Evaluation | No
         why = (
             f"missing evidence {', '.join(missing)}"
             if missing
-            else ("no failing tensor matches " + exp.tensor if exp.tensor and not pattern_ok else "")
+            else (
+                "no failing tensor matches " + exp.tensor
+                if exp.tensor and not pattern_ok
+                else f"no error matches {exp.error}"
+                if exp.error and not words_ok
+                else ""
+            )
         )
         unmet.append(
             f"{'caught' if caught else 'not caught'}, expected {'caught' if exp.caught else 'a miss'}"
             + (f" ({why})" if why and not caught else "")
         )
-    order = [k for k in ("tensor", "kernel_input", "tokens", "logprobs") if k in kinds]
+    order = [k for k in ("tensor", "kernel_input", "tokens", "logprobs", "error") if k in kinds]
     if order:
         detail = "; ".join(
             f"{k}: {kinds[k][0]}" + (f" (+{len(kinds[k]) - 1})" if len(kinds[k]) > 1 else "") for k in order
@@ -200,6 +231,24 @@ def judge_entry(entry: Entry, patched: Evaluation | None, stock: Evaluation | No
         "caught": caught,
         "unmet": tuple(unmet),
     }
+
+
+def prepare(entry: Entry, version: str, build) -> tuple[str, str, Path | None]:
+    """Whether ``entry`` can run on vLLM ``version``: ("masked" or "skipped", why, None), or
+    ("", "", the patched build's python; None for a live bug). ``build()`` makes the patched build
+    from the patches declared for this version; a patch that does not apply SKIPs the entry."""
+    from harness.builds.patches import PatchError
+
+    if why := entry.masked_on(version):
+        return "masked", why, None
+    if why := entry.unsupported(version):
+        return "skipped", why, None
+    if entry.live:
+        return "", "", None
+    try:
+        return "", "", build()
+    except PatchError as exc:
+        return "skipped", f"its patch does not apply to vLLM {version}: {exc}", None
 
 
 def run_regressions(
@@ -224,11 +273,12 @@ def run_regressions(
     out.mkdir(parents=True, exist_ok=True)
     base_python = Path(stock_build.python) if stock_build and stock_build.python else Path(sys.executable)
     base_facts = describe(BuildSpec("stock", str(base_python)))
-    progress(f"stock vLLM {base_facts['vllm']} at {base_facts.get('vllm_path')} ({base_python})")
+    version = base_facts.get("vllm", "")
+    progress(f"stock vLLM {version} at {base_facts.get('vllm_path')} ({base_python})")
     stock_runs: dict[tuple[str, str], tuple[str, Evaluation]] = {}
     stock_paths: dict[tuple[str, str], list[str]] = {}
     for e in entries:
-        if e.run:
+        if e.run and not e.masked_on(version):
             key = (e.exposure.model, e.exposure.dtype)
             stock_paths.setdefault(key, [])
             stock_paths[key] += [p for p in e.exposure.paths if p not in stock_paths[key]]
@@ -236,17 +286,17 @@ def run_regressions(
     started_all = time.monotonic()
     for e in entries:
         started = time.monotonic()
-        patches = tuple(read_patch(p) for p in e.patch_files())
-        python = (
-            create_patched_build(
-                base_python, patches, log=progress, base_spec=f"stock {base_facts['vllm']}", base_facts=base_facts
-            )
-            if patches
-            else None
+        patches = tuple(read_patch(p) for p in e.patch_files(version))
+        status, not_here, python = prepare(
+            e,
+            version,
+            lambda patches=patches: create_patched_build(
+                base_python, patches, log=progress, base_spec=f"stock {version}", base_facts=base_facts
+            ),
         )
         patched_ev = stock_ev = None
         patched_dir = stock_dir = ""
-        if e.run:
+        if e.run and not status:
             model = resolve_model(e.exposure.model)
             key = (e.exposure.model, e.exposure.dtype)
             run = RunSpec(model=model, paths=e.exposure.paths, engine=EngineSpec(dtype=e.exposure.dtype))
@@ -259,6 +309,9 @@ def run_regressions(
                 write_reports(ev, where)
                 stock_runs[key] = (str(where.relative_to(out)), ev)
             stock_dir, stock_ev = stock_runs[key]
+        if e.run and not status and e.live:  # stock vLLM has the bug: its own run is the one judged
+            patched_dir, patched_ev = stock_dir, stock_ev
+        elif e.run and not status:
             where = out / "patched" / e.id
             progress(f"[{e.id}] patched run: {e.exposure.model} {', '.join(e.exposure.paths)}")
             build = BuildSpec(f"patched-{e.id}"[:40].rstrip("-."), str(python))
@@ -266,7 +319,12 @@ def run_regressions(
             write_reports(patched_ev, where)
             patched_dir = str(where.relative_to(out))
             patched_ev = evaluate(where)
-        judged = judge_entry(e, patched_ev, stock_ev)
+        judged: dict
+        if status:
+            judged = {"patched": (), "stock": (), "evidence": (), "detail": not_here, "caught": False, "unmet": ()}
+        else:
+            judged = judge_entry(e, patched_ev, stock_ev)
+            status = "caught" if judged["caught"] else "missed"
         outcome = Outcome(
             id=e.id,
             title=e.title,
@@ -274,7 +332,11 @@ def run_regressions(
             issue=e.upstream.issue,
             model=e.exposure.model,
             paths=e.exposure.paths,
-            ran=e.run,
+            ran=patched_ev is not None,
+            status=status,
+            executable=e.run,
+            fidelity=e.fidelity,
+            fidelity_note=e.fidelity_note,
             patches=tuple((Path(p.name).name, p.sha256) for p in patches),
             patched=judged["patched"],
             stock=judged["stock"],
@@ -290,11 +352,11 @@ def run_regressions(
         )
         outcomes.append(outcome)
         progress(
-            f"[{e.id}] {'caught' if outcome.caught else 'missed'}"
+            f"[{e.id}] {status.upper() if status in ('skipped', 'masked') else status}"
             + (f" by {', '.join(outcome.evidence)}" if outcome.caught else "")
+            + (f": {not_here}" if status in ("skipped", "masked") else "")
             + (" (as expected)" if outcome.met else f" - EXPECTATION NOT MET: {'; '.join(outcome.unmet)}")
         )
-    caught = sum(o.caught for o in outcomes)
     record = {
         "schema_version": SCHEMA_VERSION,
         "scenario": spec.name,
@@ -303,11 +365,7 @@ def run_regressions(
         "stock": {k: base_facts[k] for k in ("vllm", "vllm_distribution", "torch", "python") if k in base_facts},
         "machine": machine_facts(),
         "harness_commit": _git_sha(),
-        "recall": {
-            "caught": caught,
-            "total": len(outcomes),
-            "value": round(caught / len(outcomes), 3) if outcomes else 0.0,
-        },
+        "recall": recall_of(outcomes),
         "all_met": all(o.met for o in outcomes),
         "entries": [asdict(o) for o in outcomes],
     }
@@ -319,13 +377,34 @@ def run_regressions(
         "all_met": record["all_met"],
         "exit_code": 0 if record["all_met"] else 1,
         "cells": {
-            o.id: {"verdict": "met" if o.met else "NOT met", "caught": o.caught, "evidence": list(o.evidence)}
+            o.id: {
+                "verdict": o.status.upper() if o.status in ("skipped", "masked") else "met" if o.met else "NOT met",
+                "caught": o.caught,
+                "evidence": list(o.evidence),
+            }
             for o in outcomes
         },
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_recall(record, out)
     return summary
+
+
+def _share(caught: int, total: int) -> dict:
+    return {"caught": caught, "total": total, "value": round(caught / total, 3) if total else 0.0}
+
+
+def recall_of(outcomes: list[Outcome]) -> dict:
+    """Recall over every entry not masked on this version (``caught``/``total``/``value``), and over
+    those that execute on this device (``executable``); a SKIPPED entry counts as not caught in both."""
+    counted = [o for o in outcomes if o.status != "masked"]
+    executable = [o for o in counted if o.executable]
+    return {
+        **_share(sum(o.caught for o in counted), len(counted)),
+        "executable": _share(sum(o.caught for o in executable), len(executable)),
+        "skipped": sum(o.status == "skipped" for o in outcomes),
+        "masked": sum(o.status == "masked" for o in outcomes),
+    }
 
 
 def machine_facts() -> dict[str, str]:

@@ -29,6 +29,7 @@ BUILTIN_MODULES = (
     "engine_states",
     "raw_load_weights",
     "lora",
+    "replay",
 )
 """The modules of ``harness.paths`` that define built-in paths, in the order ``--paths all`` lists them."""
 ENTRY_POINT_GROUP = "refit_harness.paths"

@@ -23,12 +23,40 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-Evidence = Literal["tensor", "kernel_input", "tokens", "logprobs"]
-"""Kinds of evidence a FAIL can rest on: a census tensor (STALE/CORRUPT/...), a recorded kernel
-input, a greedy-token divergence, or logprobs beyond the noise floor."""
-EVIDENCE_KINDS: tuple[Evidence, ...] = ("tensor", "kernel_input", "tokens", "logprobs")
+Evidence = Literal["tensor", "kernel_input", "tokens", "logprobs", "error"]
+"""Kinds of evidence a failure can rest on: a census tensor (STALE/CORRUPT/...), a recorded kernel
+input, a greedy-token divergence, logprobs beyond the noise floor, or the refit's own error (a bug
+that fails loudly: the verdict is ERROR, or XFAIL by a known issue, with vLLM's words)."""
+EVIDENCE_KINDS: tuple[Evidence, ...] = ("tensor", "kernel_input", "tokens", "logprobs", "error")
 VERDICTS = ("PASS", "FAIL", "XFAIL", "INCONCLUSIVE", "ERROR", "SKIPPED", "XPASS")
+FAILING_VERDICTS = ("FAIL", "ERROR", "XFAIL")
+"""Verdicts a caught entry can get on its patched build: FAIL; ERROR when the bug is loud (its
+evidence is then ``error``); XFAIL for a live bug that a known issue of the path names."""
 ENTRY_FILE = "entry.toml"
+Fidelity = Literal["faithful", "stand-in"]
+"""``faithful``: the patch takes out what the upstream fix put in (the same function, the same
+mechanism); ``stand-in``: it brings back the symptom by other code, said in ``fidelity_note``."""
+
+
+def _specifier(text: str):
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise ValueError(f"{text!r} is not a version specifier (e.g. '<0.34', '>=0.34')") from None
+
+
+def version_in(version: str, specifier: str) -> bool:
+    """Whether a vLLM version (``0.32.0``, ``0.34.1.dev5+gabc``, ``0.32.0+cpu``) is in a specifier;
+    a development build of main counts as the release it leads to."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(Version(version).base_version)  # 0.34.0.dev3+gabc and 0.34.0+cpu are 0.34.0
+    except InvalidVersion:
+        return False
+    return _specifier(specifier).contains(release)
 
 
 class _Frozen(BaseModel):
@@ -80,6 +108,9 @@ class Expectation(_Frozen):
     (it may rest on more)."""
     tensor: str | None = None
     """A regular expression a failing tensor or kernel input of the patched run must match."""
+    error: str | None = None
+    """For ``error`` evidence: a regular expression the refit's error must match, vLLM's own words
+    (so a harness failure is never taken for the bug)."""
     reason: str = ""
     """Why it is missed (or why the evidence is what it is); required for a miss."""
 
@@ -92,12 +123,19 @@ class Expectation(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> Expectation:
-        if self.caught and (self.patched != "FAIL" or not self.evidence):
-            raise ValueError("a caught bug FAILs on the patched build and names its evidence")
+        if self.caught and (self.patched not in FAILING_VERDICTS or not self.evidence):
+            raise ValueError(
+                "a caught bug FAILs on the patched build (ERROR for a loud one, XFAIL for a live bug a known "
+                "issue names) and names its evidence"
+            )
         if not self.caught and not self.reason:
             raise ValueError("a miss says why (reason)")
         if self.tensor is not None:
             re.compile(self.tensor)
+        if "error" in self.evidence and not self.error:
+            raise ValueError("error evidence names the words the error must have (error = 'regex')")
+        if self.error is not None:
+            re.compile(self.error)
         return self
 
 
@@ -112,9 +150,21 @@ class Entry(_Frozen):
     """How it goes wrong, and what the patch takes out of 0.32 to bring it back."""
     upstream: Upstream
     """The public bug and fix."""
+    fidelity: Fidelity
+    """Whether the patch re-injects what shipped (``faithful``) or only its symptom (``stand-in``)."""
+    fidelity_note: str
+    """Why: the function and lines the patch reverts, or what it does instead and why."""
     patches: tuple[str, ...] = ("patch.diff",)
     """Unified diffs in the entry directory, applied in order to the installed vLLM; empty for a
-    bug that stock 0.32 still has (nothing to re-inject; the entry then does not run)."""
+    bug that stock vLLM still has (a live bug: nothing to re-inject, the entry runs stock vLLM,
+    and a known issue of the path may expect its failure, XFAIL)."""
+    applies: dict[str, str] = {}
+    """Patch file -> the vLLM versions it applies to (a PEP 440 specifier such as ``<0.34``); a
+    patch not named here applies to every version. A version that no patch is declared for is
+    SKIPPED, as is one whose patch does not apply."""
+    masked: dict[str, str] = {}
+    """Version specifier -> why the re-injected bug cannot show on those versions (another change
+    of theirs hides it): the entry is reported masked there and left out of recall."""
     exposure: Exposure
     """The model and path(s) that expose it."""
     expect: Expectation
@@ -129,12 +179,38 @@ class Entry(_Frozen):
     def _runnable(self) -> Entry:
         if not self.run and self.expect.caught:
             raise ValueError("an entry that does not run cannot be caught")
-        if not self.patches and self.run:
-            raise ValueError("an entry without a patch (a bug stock vLLM still has) cannot run: set run = false")
+        for name, spec in self.applies.items():
+            if name not in self.patches:
+                raise ValueError(f"applies: {name!r} is not one of the entry's patches")
+            _specifier(spec)
+        for spec in self.masked:
+            _specifier(spec)
+        if self.fidelity == "stand-in" and not self.fidelity_note.strip():
+            raise ValueError("a stand-in says what it does instead of the shipped bug (fidelity_note)")
         return self
 
-    def patch_files(self) -> tuple[Path, ...]:
-        return tuple(Path(self.directory) / p for p in self.patches)
+    @property
+    def live(self) -> bool:
+        """A bug stock vLLM still has: no patch, the stock run is the one judged."""
+        return not self.patches
+
+    def patch_files(self, version: str | None = None) -> tuple[Path, ...]:
+        """The entry's patches, or those declared for a vLLM ``version``."""
+        names = [
+            p for p in self.patches if version is None or p not in self.applies or version_in(version, self.applies[p])
+        ]
+        return tuple(Path(self.directory) / p for p in names)
+
+    def unsupported(self, version: str) -> str:
+        """Why no patch of this entry is declared for ``version`` ("" when one is, or none is needed)."""
+        if not self.patches or self.patch_files(version):
+            return ""
+        declared = ", ".join(f"{p} for {self.applies.get(p, 'every version')}" for p in self.patches)
+        return f"no patch is declared for vLLM {version} ({declared})"
+
+    def masked_on(self, version: str) -> str:
+        """Why the bug cannot show on ``version`` ("" when it can)."""
+        return next((why for spec, why in self.masked.items() if version_in(version, spec)), "")
 
 
 def load_entry(directory: Path) -> Entry:
