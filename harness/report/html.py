@@ -26,14 +26,13 @@ def render_html(
     paths = {name: {"positive_control": None, **p, **_folded(p)} for name, p in summary["paths"].items()}
     return render(
         "run.html.j2",
-        started=ev.record.started,
         engine={
             "dtype": ev.record.spec.engine.dtype,
             "mode": ev.record.spec.engine.mode,
             "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size,
             "args": engine_args_shown(ev),
         },
-        cpu=summary["environment"].get("cpu_capabilities", "not recorded"),
+        provenance=summary["provenance"],
         paths=paths,
         divergent=[
             (name, p)
@@ -57,6 +56,15 @@ def render_html(
     )
 
 
+def finding_links(findings: list[str]) -> list[tuple[str, str | None]]:
+    """Each finding page (``docs/findings/NAME.md``) with a link to it in this harness's checkout,
+    where it is there (None: shown as text)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return [(f, (root / f).as_uri() if (root / f).is_file() else None) for f in findings]
+
+
 def _folded(p: dict[str, Any]) -> dict[str, Any]:
     """What a verdict row shows beyond its headline: the token divergences of a FAIL on top,
     and, folded away, the reasons after the first and the facts only reported."""
@@ -66,7 +74,12 @@ def _folded(p: dict[str, Any]) -> dict[str, Any]:
     parts = ([f"{len(reasons)} more reason(s)"] if reasons else []) + (
         [f"{len(notes)} reported, not deciding"] if notes else []
     )
-    return {"diverged": diverged, "more": reasons + notes, "more_summary": ", ".join(parts)}
+    return {
+        "diverged": diverged,
+        "more": reasons + notes,
+        "more_summary": ", ".join(parts),
+        "finding_links": finding_links(p.get("findings") or []),
+    }
 
 
 def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
