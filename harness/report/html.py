@@ -23,7 +23,12 @@ def render_html(
     hooks: pd.DataFrame,
 ) -> str:
     # A path that never ran has no positive-control entry at all.
-    paths = {name: {"positive_control": None, **p, **_folded(p)} for name, p in summary["paths"].items()}
+    floor = logprob_floor(tokens, ev.record.spec.judge.logprob_atol)
+    moved = outputs_moved(tokens, floor)
+    paths = {
+        name: {"positive_control": None, **p, **_folded(p), "outputs": moved.get(name)}
+        for name, p in summary["paths"].items()
+    }
     return render(
         "run.html.j2",
         engine={
@@ -41,6 +46,9 @@ def render_html(
         ],
         checkpoints=summary["checkpoints"],
         sabotaged=[(name, p["sabotage"]) for name, p in paths.items() if p.get("sabotage") is not None],
+        controls=_controls(paths),
+        outputs_headline=outputs_headline(moved, len(paths)),
+        counts=_counts(paths),
         accuracy=summary.get("accuracy"),
         noise=summary["noise_floor"],
         unobserved=summary.get("unobserved") or {"count": 0, "items": []},
@@ -48,7 +56,7 @@ def render_html(
         tensor_headers=["path", "check", "tensor", "kind", "status", "address moved"],
         consumed=_consumed(consumed),
         hooks=_hooks(hooks),
-        tokens=_tokens(tokens),
+        tokens=_tokens(tokens, floor),
         reference=summary.get("reference") or {},
         cold_starts=summary.get("cold_starts", "?"),
         arms=summary["arms"],
@@ -110,19 +118,104 @@ def _consumed(consumed: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _hooks(hooks: pd.DataFrame) -> list[dict[str, Any]]:
-    return [
-        {**r, "stale_derived": [t for t in str(r["stale_derived"]).split() if t != "nan"]}
-        for r in hooks.to_dict("records")
+def _hooks(hooks: pd.DataFrame) -> dict[str, Any]:
+    """Hook rows that say something (a hook the refit did not run, or stale derived tensors
+    under it), one row per finding with the paths it holds for; the rows that say "ran, nothing
+    stale" only counted (hooks.csv has them all). Sabotaged twins have their own section."""
+    said: dict[tuple, list[str]] = {}
+    silent = 0
+    for r in hooks.to_dict("records"):
+        if "~" in str(r["path"]):
+            continue
+        stale = tuple(t for t in str(r["stale_derived"]).split() if t != "nan")
+        if r["runs_on_refit"] and not stale:
+            silent += 1
+            continue
+        said.setdefault((r["module"], r["kind"], bool(r["runs_on_refit"]), stale), []).append(str(r["path"]))
+    rows = [
+        {"paths": paths, "module": m, "kind": k, "runs_on_refit": runs, "stale_derived": list(stale)}
+        for (m, k, runs, stale), paths in said.items()
     ]
+    return {"rows": rows, "silent": silent, "total": len(hooks)}
 
 
-def _tokens(tokens: pd.DataFrame) -> list[dict[str, Any]]:
-    return [
+def _tokens(tokens: pd.DataFrame, atol: float = 0.0) -> dict[str, Any]:
+    """Token rows of the real paths that differ from cold B first (a divergence, or logprobs
+    beyond the tolerance); the ones equal to cold B counted and folded; the sabotaged twins'
+    rows apart, since they are expected to diverge."""
+    rows = [
         {
             **r,
             "diverged": not pd.isna(r["first_divergence"]),
+            "drift": bool(r["max_logprob_diff"] > atol),
             **{k: None if pd.isna(r.get(k)) else r[k] for k in ("subject_text", "reference_text")},
         }
         for r in tokens[tokens["check"] != "noise"].to_dict("records")
     ]
+    real = [r for r in rows if "~" not in str(r["path"])]
+    return {
+        "moved": [r for r in real if r["diverged"] or r["drift"]],
+        "same": [r for r in real if not (r["diverged"] or r["drift"])],
+        "twins": [r for r in rows if "~" in str(r["path"])],
+    }
+
+
+def logprob_floor(tokens: pd.DataFrame, atol: float) -> float:
+    """The logprob difference a refit may show: the tolerance plus what two cold starts differ by."""
+    noise = tokens.loc[tokens["check"] == "noise", "max_logprob_diff"].max()
+    return atol + (0.0 if pd.isna(noise) else float(noise))
+
+
+def outputs_moved(tokens: pd.DataFrame, atol: float) -> dict[str, str]:
+    """Per real path, how its outputs after the refit moved from cold B's (greedy tokens, or
+    logprobs beyond the tolerance); paths whose outputs equal cold B's are absent."""
+    out: dict[str, str] = {}
+    refit = tokens[(tokens["check"] != "noise") & ~tokens["path"].str.contains("~", regex=False)]
+    for path, rows in refit.groupby("path", sort=False):
+        diverged = rows[rows["first_divergence"].notna()]
+        parts = []
+        if len(diverged):
+            first = diverged.sort_values("first_divergence").iloc[0]
+            parts.append(
+                f"greedy tokens diverge on {len(diverged)} of {len(rows)} prompt(s), first prompt "
+                f"{first['prompt']} at token {first['first_divergence']}"
+            )
+        worst = rows["max_logprob_diff"].max()
+        if worst > atol:
+            parts.append(f"logprobs differ by up to {worst:.3g} (tolerance {atol:g})")
+        if parts:
+            out[str(path)] = "; ".join(parts)
+    return out
+
+
+def outputs_headline(moved: dict[str, str], paths: int) -> str:
+    if not moved:
+        return f"Outputs: greedy tokens and logprobs equal cold B's on every path ({paths})."
+    return f"Outputs moved on {len(moved)} of {paths} path(s): " + "; ".join(f"{p}: {t}" for p, t in moved.items())
+
+
+def _counts(paths: dict[str, Any]) -> str:
+    from collections import Counter
+
+    counts = Counter(p.get("shown", p["verdict"]) for p in paths.values())
+    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+
+
+def _controls(paths: dict[str, Any]) -> list[dict[str, Any]]:
+    """Positive-control rows, one per distinct outcome with the paths that share it."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for name, p in paths.items():
+        ctl = p.get("positive_control")
+        if ctl is None:
+            continue
+        key = (
+            ctl["detected"],
+            ctl["checkpoint_tensor"],
+            tuple(ctl["expected_modules"]),
+            tuple(ctl["localized_to"]),
+            ctl["tokens_moved"],
+        )
+        g = groups.setdefault(key, {**ctl, "paths": [], "shifts": []})
+        g["paths"].append(name)
+        g["shifts"].append(ctl["max_logprob_shift"])
+    return list(groups.values())

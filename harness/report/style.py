@@ -23,7 +23,7 @@ details.more{margin:.2rem 0 0;font-size:12px}details.more summary{color:#556}det
 table.provenance{width:100%;font-size:12px}table.provenance th{width:9rem;white-space:nowrap;background:#f4f5f8}
 .plot{display:block;margin:.4rem 0;max-width:100%;height:auto;background:#fafbfd;border:1px solid #e2e4ea}.bar-pr,.mark-pr{fill:#c0392b}
 .bar-floor,.mark-floor{fill:#7f8c9a}.mark-base{fill:#2c6fbb}.band{fill:#cfd8e3}.lg-pr{fill:#c0392b}
-.lg-floor{fill:#7f8c9a}input.filter{display:block;margin:.3rem 0;padding:.2rem .4rem;width:22rem}.notes li{color:#7a4b00}
+.lg-floor{fill:#7f8c9a}.drift{background:#fbe3c8}.finding{margin:.2rem 0;font-size:12px}input.filter{display:block;margin:.3rem 0;padding:.2rem .4rem;width:22rem}.notes li{color:#7a4b00}
 """
 
 

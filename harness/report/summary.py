@@ -240,7 +240,20 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
     from harness.report.provenance import provenance_markdown
 
     icon = ICON
+    from harness.report.html import logprob_floor, outputs_headline, outputs_moved
+    from harness.report.tables import token_table
+
+    tokens = token_table(ev)
+    moved = outputs_moved(tokens, logprob_floor(tokens, ev.record.spec.judge.logprob_atol))
+    counts = Counter(p.get("shown", p["verdict"]) for p in summary["paths"].values())
     lines = ["## refit-harness: warm A→B vs cold B", "", *provenance_markdown(summary["provenance"])]
+    lines += [
+        "**Verdicts: "
+        + ", ".join(f"{n} {md_text(v)}" for v, n in sorted(counts.items()))
+        + "**. "
+        + md_text(outputs_headline(moved, len(summary["paths"]))),
+        "",
+    ]
     if summary.get("cpu", {}).get("arms_on_another_cpu"):
         lines += [f"**arms measured on another CPU**: {md_text(', '.join(summary['cpu']['arms_on_another_cpu']))}", ""]
     lines += [
