@@ -40,7 +40,7 @@ ICON = {
 """The mark shown beside each verdict in Markdown and HTML."""
 
 
-REPORT_SCHEMA_VERSION = 6
+REPORT_SCHEMA_VERSION = 7
 """Version of the fields of ``summary.json``, the CSVs and the matrix and comparison files,
 which CI jobs parse. A change of their fields bumps it (and is listed in the docs'
 changelog); the records under ``arms/`` have their own version (``harness.store.SCHEMA_VERSION``)."""
