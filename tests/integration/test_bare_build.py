@@ -24,17 +24,18 @@ BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 
 
 def _pip(python: Path, *args: str) -> None:
-    proc = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
 def bare_venv() -> Path:
-    """The venv a maintainer makes (about 90 s on an idle machine; cached across sessions)."""
+    """The venv a maintainer makes (about 90 s on an idle machine, over 30 min on a loaded 2-core
+    one; cached across sessions). --no-compile: byte-compiling torch and vLLM is most of the time."""
 
     def make(staging: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True, timeout=300)
-        _pip(staging / "bin" / "python", "install", "-q", BARE_VLLM)
+        _pip(staging / "bin" / "python", "install", "-q", "--no-compile", BARE_VLLM)
         _pip(staging / "bin" / "python", "uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH)
         (staging / "made-by-test").write_text(BARE_VLLM)
 
