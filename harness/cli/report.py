@@ -44,7 +44,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: not empty; give a new directory")
+    from harness.orchestrate.directories import directory_of
+
     code, index, errors = rejudge(args.dir[0], out, progress)
     set_out(index.parent)
     print(f"report: {index.resolve()}")
-    return exit_for(code, errors, index.parent)
+    return exit_for(code, errors, directory_of(args.dir[0]))  # a rerun (--resume) is of the records' directory

@@ -53,7 +53,7 @@ def render_html(
         noise=summary["noise_floor"],
         unobserved=summary.get("unobserved") or {"count": 0, "items": []},
         tensors=_non_ok(tensors),
-        tensor_headers=["path", "check", "tensor", "kind", "status", "address moved"],
+        tensor_headers=["paths", "check", "tensor", "kind", "status", "address moved"],
         consumed=_consumed(consumed),
         hooks=_hooks(hooks),
         tokens=_tokens(tokens, floor),
@@ -98,13 +98,31 @@ def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
     deciding = bad["status"].isin([s.value for s in FAILING_STATUSES])
     refit = own[own["check"] == "refit"]
     rest = bad[~deciding]
+    every = list(dict.fromkeys(own["path"]))
     return {
-        "deciding": bad[deciding].to_dict("records"),
-        "rest": rest.to_dict("records"),
+        "deciding": _collapsed(
+            bad[deciding].to_dict("records"), ("check", "tensor", "kind", "status", "address_moved"), every
+        ),
+        "rest": _collapsed(rest.to_dict("records"), ("check", "tensor", "kind", "status", "address_moved"), every),
         "rest_statuses": sorted(set(rest["status"])),
         "compared": len(refit),
         "unjudgeable": int((refit["status"] == "UNJUDGEABLE").sum()),
     }
+
+
+def _collapsed(rows: list[dict[str, Any]], key: tuple[str, ...], every: list[str]) -> list[dict[str, Any]]:
+    """Rows equal but for their path, as one row naming its paths (``paths_shown``: the path, "every
+    path (N)", or "N paths"; ``paths``: them all), in first-seen order."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        g = groups.setdefault(tuple(r[k] for k in key), {**r, "paths": []})
+        g["paths"].append(r["path"])
+    for g in groups.values():
+        n = len(g["paths"])
+        g["paths_shown"] = (
+            g["paths"][0] if n == 1 else f"every path ({n})" if set(g["paths"]) >= set(every) else f"{n} paths"
+        )
+    return list(groups.values())
 
 
 def _consumed(consumed: pd.DataFrame) -> dict[str, Any]:
@@ -153,10 +171,12 @@ def _tokens(tokens: pd.DataFrame, atol: float = 0.0) -> dict[str, Any]:
         for r in tokens[tokens["check"] != "noise"].to_dict("records")
     ]
     real = [r for r in rows if "~" not in str(r["path"])]
+    every = list(dict.fromkeys(r["path"] for r in real))
+    same_key = ("check", "prompt", "subject_tokens", "reference_tokens")
     return {
-        "moved": [r for r in real if r["diverged"] or r["drift"]],
-        "same": [r for r in real if not (r["diverged"] or r["drift"])],
-        "twins": [r for r in rows if "~" in str(r["path"])],
+        "moved": _collapsed([r for r in real if r["diverged"] or r["drift"]], (*same_key, "max_logprob_diff"), every),
+        "same": _collapsed([r for r in real if not (r["diverged"] or r["drift"])], same_key, every),
+        "twins": _collapsed([r for r in rows if "~" in str(r["path"])], (*same_key, "max_logprob_diff"), []),
     }
 
 

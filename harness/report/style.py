@@ -14,7 +14,8 @@ details{margin:.4rem 0}summary{cursor:pointer;color:#334}
 .badge{font-weight:700;padding:.1rem .4rem;border-radius:3px}
 .first{border-left:4px solid #c0392b;padding:.3rem .8rem;background:#fff5f5;margin:.5rem 0}
 .grid{table-layout:fixed;width:100%}.grid td.v{text-align:center;font-weight:700;font-size:12px}
-.grid th{text-align:center;font-size:11px;overflow-wrap:normal;word-break:normal;hyphens:none}.grid td:first-child,.grid th:first-child{width:14rem;
+.grid th{text-align:center;font-size:11px;overflow-wrap:normal;word-break:normal;hyphens:none}
+.grid th code{overflow-wrap:normal;word-break:normal;font-size:10px}.grid td:first-child,.grid th:first-child{width:14rem;
 overflow-wrap:anywhere;text-align:left}table{max-width:100%}td{overflow-wrap:anywhere}
 table.verdicts{width:100%}.grid th.wide{width:50%}table.verdicts td:first-child{white-space:nowrap}table.verdicts td.headline{width:70%}
 details.more{margin:.2rem 0 0;font-size:12px}details.more summary{color:#556}details.more ul{margin:.2rem 0;padding-left:1.2rem}

@@ -126,3 +126,24 @@ def test_a_finding_named_by_a_known_issue_exists():
     issues += [k for name in PATHS.names() for k in PATHS.get(name).known_issues]
     named = {k.finding for k in issues if k.finding}
     assert named and all((root / f).is_file() for f in named), named
+
+
+def test_rows_equal_but_for_their_path_collapse_into_one_naming_the_paths():
+    from harness.report.html import _collapsed
+
+    rows = [{"path": p, "tensor": "t", "status": "UNJUDGEABLE"} for p in ("a", "b", "c")]
+    rows.append({"path": "a", "tensor": "u", "status": "NOISY"})
+    rows.append({"path": "b", "tensor": "u", "status": "NOISY"})
+    every, other = _collapsed(rows, ("tensor", "status"), ["a", "b", "c"])
+    assert every["paths"] == ["a", "b", "c"] and every["paths_shown"] == "every path (3)"
+    assert other["paths"] == ["a", "b"] and other["paths_shown"] == "2 paths"
+
+
+def test_a_run_page_says_first_whether_outputs_moved(tmp_path):
+    write_run(tmp_path / "run", paths=("reload_weights",))
+    ev = evaluate(tmp_path / "run")
+    files = write_reports(ev, tmp_path / "run")
+    html = files["index.html"].read_text()
+    assert "id='outputs'" in html and "equal cold B" in html[html.index("id='outputs'") :][:200]
+    assert html.index("id='outputs'") < html.index("id='positive-control'")
+    assert "Outputs: greedy tokens and logprobs equal cold B" in files["summary.md"].read_text()
