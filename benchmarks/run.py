@@ -16,6 +16,8 @@ this machine is shared and noisy.
   kernel-input recorder's way), whole census entries and the device digest's CPU twin.
 - ``kernel_capture`` (c): one prefill with the kernel-input recorder vs without.
 - ``paths_scaling`` (d): wall time and engine cold starts for 1, 3 and all CPU paths.
+- ``sabotage``: what earned verdicts cost: a run with its sabotaged twins (the default) vs
+  ``--no-sabotage``, interleaved, the reference reused.
 - ``model_size`` (e): peak RSS of the parent and of each arm, and wall time, for
   checkpoints of about 0.01, 0.5 and 2 GB (a wide tiny Qwen3: large vocabulary and hidden size).
 - ``prepare_memory`` (e, no engines): the parent's peak RSS and wall time for making B and
@@ -347,7 +349,8 @@ def bench_harness_vs_bare(repeats: int) -> dict:
     plan = make_plan(spec, cs, {"reload_weights": PathNeeds.of(PATHS.get("reload_weights"))}, {})
     env = pipeline.arm_env(plan, spec, FanoutSpec())  # the bare engines get the harness's thread placement
     dirs = {"A": cs.a, "B": cs.b, "B_control": cs.b_control}
-    args = ["--model", model, "--paths", "reload_weights"]
+    # The bare script runs no sabotaged twins, so neither does the harness here (their cost: ``sabotage``).
+    args = ["--model", model, "--paths", "reload_weights", "--no-sabotage"]
     cache_env = {"REFIT_HARNESS_CACHE": str(cache)}
     first, repeated, bare = [], [], []
     for i in range(repeats):  # interleaved triples
@@ -418,6 +421,42 @@ def bench_paths_scaling(repeats: int) -> dict:
         rows.append((f"(d) {label}: engine cold starts", str(s.get("cold_starts")), "= 2 + subject engines", None))
     shutil.rmtree(work, ignore_errors=True)
     return {"runs": results, "rows": rows}
+
+
+# ---- the cost of earned verdicts: sabotaged twins on (the default) vs --no-sabotage ------
+
+
+def bench_sabotage(repeats: int) -> dict:
+    """Wall time and refits of a plain run with its sabotaged twins (the default) and without
+    (``--no-sabotage``), interleaved, on three CPU paths. The cold-B reference and noise arms are
+    reused from the cache after the first run, so the difference is the twins' own refits."""
+    from harness.checkpoints.tiny import tiny_qwen3
+
+    work = Path(tempfile.mkdtemp(prefix="refit-bench-s-"))
+    cache_env = {"REFIT_HARNESS_CACHE": str(work / "cache")}
+    model = str(tiny_qwen3(cache=work / "cache"))
+    args = ["--model", model, "--paths", ",".join(CPU_PATHS[:3]), "--reuse-reference"]
+    twins, plain, verdicts = [], [], {}
+    harness_run([*args, "--no-sabotage"], work / "warm", cache_env)  # stores the reference both reuse
+    for i in range(repeats):
+        for label, flags, into in (("twins", [], twins), ("no twins", ["--no-sabotage"], plain)):
+            run = harness_run([*args, *flags], work / f"{label[0]}{i}", cache_env)
+            assert run["exit_code"] == 0 and run["summary"]["reference"]["reused"], run["output"]
+            into.append(run["seconds"])
+            verdicts[label] = {p: v.get("shown", v["verdict"]) for p, v in run["summary"]["paths"].items()}
+    shutil.rmtree(work, ignore_errors=True)
+    t, n = statistics.median(twins), statistics.median(plain)
+    return {
+        "paths": list(CPU_PATHS[:3]),
+        "twins_s": twins,
+        "no_twins_s": plain,
+        "verdicts": verdicts,
+        "rows": [
+            (f"sabotage: {len(CPU_PATHS[:3])} paths with twins (default), reused reference", f"{t:.1f} s", "", None),
+            ("sabotage: the same with --no-sabotage", f"{n:.1f} s", "", None),
+            ("sabotage: cost of earned verdicts", f"+{t - n:.1f} s ({t / n - 1:+.0%})", "", None),
+        ],
+    }
 
 
 # ---- (e) scaling with model size -------------------------------------------------------
@@ -629,6 +668,7 @@ BENCHMARKS: dict[str, Callable[[int], dict]] = {
     "digest": bench_digest,
     "kernel_capture": bench_kernel_capture,
     "paths_scaling": bench_paths_scaling,
+    "sabotage": bench_sabotage,
     "model_size": bench_model_size,
     "prepare_memory": bench_prepare_memory,
 }

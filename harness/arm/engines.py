@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,8 +165,10 @@ class EngineBase(ABC):
     the interface the paths own)."""
 
     @abstractmethod
-    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
-        """``collective_rpc``: one result per worker rank."""
+    def rpc(self, method: str | Callable[..., Any], kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """``collective_rpc``: one result per worker rank. ``method``: a worker method's name, or
+        (``llm`` and ``ray_llm`` engines) a module-level function ``f(worker, **kwargs)``, which
+        vLLM pickles by reference and runs inside each worker."""
 
     @abstractmethod
     def generate(self, prompts: PromptSpec) -> tuple[PromptOutput, ...]:

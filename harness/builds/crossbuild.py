@@ -19,7 +19,7 @@ from harness.errors import CompareError
 from harness.judge import exit_codes
 from harness.judge.diff import TensorStatus, compare_outputs, compare_tensors, one_digest
 from harness.judge.evaluation import Evaluation
-from harness.judge.verdict import FAILING_STATUSES, VerdictStatus
+from harness.judge.verdict import FAILING_STATUSES, UNEARNED_PASS, VerdictStatus
 from harness.records import ArmResult, Observation
 
 Outcome = Literal["identical", "no measurable difference", "differs", "only in base", "only in pr", "not measured"]
@@ -28,7 +28,7 @@ VERDICTS = tuple(s.value for s in VerdictStatus)
 # A verdict moving from the left set to the right one is a regression when nothing was expected:
 # from one that exits 0 to one that does not.
 BAD = frozenset(s.value for s in exit_codes.BAD)
-GOOD = frozenset(VERDICTS) - BAD
+GOOD = frozenset(VERDICTS) - BAD | {UNEARNED_PASS}
 FIXED_FROM = frozenset({"FAIL", "XFAIL"})
 """Verdicts on base that a PASS on pr fixes (an XFAIL is a known vLLM issue that pr no longer has)."""
 
@@ -374,6 +374,27 @@ def cpu_notes(runs: dict[str, Evaluation | None], allow_mismatch: bool) -> list[
     return [f"the builds were measured on different CPUs ({text}): differences may come from the instruction set"]
 
 
+def model_notes(runs: dict[str, Evaluation | None], allow_mismatch: bool) -> list[str]:
+    """Two runs of different models or dtypes cannot be compared: every difference would be
+    the model's, not the build's. Refused (``CompareError``), unless allowed, when it is then a note."""
+    seen = {
+        label: (ev.record.checkpoints.a, ev.record.spec.engine.dtype) for label, ev in runs.items() if ev is not None
+    }
+    base = seen["base"]
+    other = {label: s for label, s in seen.items() if s != base}
+    if not other:
+        return []
+    text = f"base ran {base[0]} in {base[1]}; " + "; ".join(
+        f"{label} ran {m} in {d}" for label, (m, d) in other.items()
+    )
+    if not allow_mismatch:
+        raise CompareError(
+            f"the runs are of different models or dtypes ({text}): every difference would be the model's, not the "
+            "build's; run both builds on one model and dtype, or pass --allow-model-mismatch to compare them anyway"
+        )
+    return [f"the runs are of different models or dtypes ({text}): differences may come from the model"]
+
+
 def compare_builds(
     base: Evaluation,
     pr: Evaluation,
@@ -382,9 +403,11 @@ def compare_builds(
     expectations: tuple[Expectation, ...] = (),
     command: str = "",
     allow_cpu_mismatch: bool = False,
+    allow_model_mismatch: bool = False,
 ) -> BuildComparison:
     one_digest([*base.arms, *pr.arms, *(base2.arms if base2 else ())], "base, pr" + (" and base2" if base2 else ""))
-    notes: list[str] = cpu_notes({"base": base, "pr": pr, "base2": base2}, allow_cpu_mismatch)
+    runs = {"base": base, "pr": pr, "base2": base2}
+    notes: list[str] = model_notes(runs, allow_model_mismatch) + cpu_notes(runs, allow_cpu_mismatch)
     if base.record.checkpoints.b != pr.record.checkpoints.b:
         notes.append(
             f"base and pr refit to different checkpoints B ({base.record.checkpoints.b} vs "
@@ -436,7 +459,7 @@ def compare_builds(
 def _verdicts(ev: Evaluation | None) -> dict[str, tuple[str, str]]:
     if ev is None:
         return {}
-    return {v.path: (v.status.value, v.reasons[0] if v.reasons else "") for v in ev.verdicts}
+    return {v.path: (v.shown, v.reasons[0] if v.reasons else "") for v in ev.verdicts}
 
 
 def verdict_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[VerdictRow, ...]:

@@ -52,7 +52,7 @@ def patches_digest(patches: tuple[PatchFile, ...]) -> str:
 
 def touched_files(patch: PatchFile) -> tuple[str, ...]:
     """Paths (relative to the site directory, ``vllm/...``) a patch edits."""
-    return tuple(_relative(f.path, patch) for f in _parse(patch))
+    return tuple(_relative(f.path, patch) for f in parse_diff(patch))
 
 
 def apply_patches(root: Path, patches: tuple[PatchFile, ...], resolve=lambda p: p) -> tuple[str, ...]:
@@ -62,7 +62,7 @@ def apply_patches(root: Path, patches: tuple[PatchFile, ...], resolve=lambda p: 
     Returns the relative paths written."""
     contents: dict[str, list[str]] = {}
     for patch in patches:
-        for pf in _parse(patch):
+        for pf in parse_diff(patch):
             rel = _relative(pf.path, patch)
             if pf.is_added_file or pf.is_removed_file:
                 raise PatchError(f"--patch {patch.name}: {rel}: adding or removing files is not supported")
@@ -72,28 +72,51 @@ def apply_patches(root: Path, patches: tuple[PatchFile, ...], resolve=lambda p: 
                     contents[rel] = Path(resolve(target)).read_text().splitlines(keepends=True)
                 except OSError:
                     raise PatchError(f"--patch {patch.name}: {rel}: no such file in the installed package") from None
-            lines = contents[rel]
-            shift = 0
-            for number, hunk in enumerate(pf, 1):
-                old = [ln.value for ln in hunk if ln.is_context or ln.is_removed]
-                new = [ln.value for ln in hunk if ln.is_context or ln.is_added]
-                at = _find(lines, old, hunk.source_start - 1 + shift)
-                if at is None:
-                    header = (
-                        f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
-                    )
-                    raise PatchError(
-                        f"--patch {patch.name}: {rel}: hunk #{number} ({header}) does not apply: its "
-                        f"{len(old)} old line(s) are not in the file"
-                    )
-                lines[at : at + len(old)] = new
-                shift = at - (hunk.source_start - 1) + (len(new) - len(old))
+            contents[rel], _ = apply_file(contents[rel], pf, f"--patch {patch.name}: {rel}")
     for rel, lines in contents.items():
         target = root / rel
         if target.is_symlink():
             target.unlink()
         target.write_text("".join(lines))
     return tuple(contents)
+
+
+def apply_file(lines: list[str], pf, where: str, fuzz: int = 0) -> tuple[list[str], tuple[int, ...]]:
+    """One file's hunks (``unidiff.PatchedFile``) applied to its lines, in memory. A hunk whose
+    old lines are not in the file fails (``PatchError`` naming ``where`` and the hunk), unless
+    ``fuzz`` allows dropping up to that many of its leading and trailing context lines, as
+    ``patch --fuzz`` does. Returns the new lines and the numbers of the hunks that needed fuzz."""
+    lines = list(lines)
+    shift, fuzzed = 0, []
+    for number, hunk in enumerate(pf, 1):
+        body = [ln for ln in hunk]
+        for f in range(fuzz + 1):
+            head = _context_run(body, f)
+            tail = _context_run(body[::-1], f)
+            kept = body[head : len(body) - tail]
+            old = [ln.value for ln in kept if ln.is_context or ln.is_removed]
+            new = [ln.value for ln in kept if ln.is_context or ln.is_added]
+            at = _find(lines, old, hunk.source_start - 1 + head + shift)
+            if at is not None:
+                break
+        if at is None:
+            header = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
+            raise PatchError(
+                f"{where}: hunk #{number} ({header}) does not apply: its {len(old)} old line(s) are not in the file"
+            )
+        if f:
+            fuzzed.append(number)
+        lines[at : at + len(old)] = new
+        shift = at - (hunk.source_start - 1 + head) + (len(new) - len(old))
+    return lines, tuple(fuzzed)
+
+
+def _context_run(body: list, most: int) -> int:
+    """How many of the first ``most`` lines of a hunk body are context (what fuzz may drop)."""
+    n = 0
+    while n < most and n < len(body) and body[n].is_context:
+        n += 1
+    return n
 
 
 def _find(lines: list[str], old: list[str], hint: int) -> int | None:
@@ -107,7 +130,7 @@ def _find(lines: list[str], old: list[str], hint: int) -> int | None:
     return min(starts, key=lambda i: abs(i - hint))
 
 
-def _parse(patch: PatchFile):
+def parse_diff(patch: PatchFile):
     from unidiff import PatchSet
     from unidiff.errors import UnidiffParseError
 

@@ -103,7 +103,12 @@ def build_env(build: BuildSpec | None, cache: Path = DEFAULT_CACHE) -> dict[str,
     """Environment variables an arm of this build needs (none for the harness's own interpreter)."""
     if build is None or not build.python:
         return {}
+    from harness.builds.engine_deps import engine_deps_site
+
     paths = [str(shim_dir(cache))]
+    deps = engine_deps_site(build.python, cache)  # what the arms import and the build lacks (xxhash...)
+    if deps is not None:
+        paths.append(str(deps))
     return {
         "PYTHONPATH": os.pathsep.join(paths),
         BUILD_ENV: build.name,

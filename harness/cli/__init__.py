@@ -18,7 +18,7 @@ import uuid
 from harness.cli.common import Parser, log_traceback, one_line
 from harness.errors import HarnessError
 
-COMMANDS = ("run", "build", "compare", "report", "listing", "make_model", "recall_page", "preflight")
+COMMANDS = ("run", "review", "build", "compare", "report", "listing", "make_model", "recall_page", "preflight")
 """Modules of ``harness.cli``, one per command (``listing`` has two: ``paths`` and ``list``);
 each has ``add_parsers(subparsers)``, which sets ``handler`` on the parsers it adds."""
 

@@ -25,15 +25,33 @@ def cmd_list(args: argparse.Namespace) -> int:
             ids = [e.id for e in entries]
             print(f"{name:14} {scenario.description}\n    {len(ids)} entries: {', '.join(ids[:4])}, ...")
             continue
-        cells = [c for g in expand(scenario) for c in g.cell_ids()]
+        groups = expand(scenario)
+        cells = [c for g in groups for c in verdict_cells(g)]
+        runs = sum(len(g.spec.paths) for g in groups)
         print(
-            f"{name:14} {scenario.description}\n    {len(cells)} cells: {', '.join(cells[:4])}"
+            f"{name:14} {scenario.description}\n    {len(cells)} cells ({runs} path runs): {', '.join(cells[:4])}"
             + (", ..." if len(cells) > 4 else "")
         )
         if scenario.builds:
             expect = ", ".join(f"{b}: {v}" for b, v in scenario.expect.items()) or "no cell worse on the last"
             print(f"    builds: {', '.join(scenario.builds)} (give each as --build NAME=PATH); expect {expect}")
     return 0
+
+
+def verdict_cells(group) -> list[str]:
+    """The cells a group's report will show, one per verdict: a trainer path has one per
+    optimizer step (``trainer_steps@T1[group]``), so the count is the report's."""
+    from harness.judge.evaluate import step_verdict_name
+    from harness.paths import PATHS
+
+    cells = []
+    for p in group.spec.paths:
+        if getattr(PATHS.get(p), "trains", False):
+            steps = range(1, group.spec.trainer.steps + 1)
+            cells += [f"{step_verdict_name(p, k)}[{group.id}]" for k in steps]
+        else:
+            cells.append(f"{p}[{group.id}]")
+    return cells
 
 
 def cmd_paths(args: argparse.Namespace) -> int:

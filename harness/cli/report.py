@@ -12,7 +12,17 @@ from harness.errors import UsageError
 def add_parsers(sub) -> None:
     report = sub.add_parser("report", help="re-judge and re-render a report directory from its records")
     report.set_defaults(handler=cmd_report)
-    report.add_argument("dir", nargs="+", help="a run directory; with --grid, one or more scenario run directories")
+    report.add_argument(
+        "dir",
+        nargs="+",
+        help="the directory 'run' printed (a run, a scenario such as make run's, or a run of several builds) or "
+        "its index.html; with --grid, one or more scenario run directories",
+    )
+    report.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the re-rendered reports into this new directory and leave DIR as it is (default: in place)",
+    )
     report.add_argument(
         "--grid",
         action="store_true",
@@ -21,8 +31,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.judge.evaluate import evaluate
-    from harness.report import write_reports
+    from harness.cli.common import progress
+    from harness.orchestrate.directories import rejudge
 
     if args.grid:
         from harness.report.grids import grids_markdown
@@ -31,10 +41,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     if len(args.dir) > 1:
         raise UsageError("report takes one run directory (several only with --grid)")
-    out = set_out(Path(args.dir[0]))
-    if not (out / "run.json").is_file():
-        raise UsageError(f"{out} is not a report directory (no run.json)")
-    evaluation = evaluate(out)
-    files = write_reports(evaluation, out)
-    print(f"report: {files['index.html'].resolve()}")
-    return exit_for(evaluation.exit_code, [v.path for v in evaluation.verdicts if v.status.value == "ERROR"], out)
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: not empty; give a new directory")
+    from harness.orchestrate.directories import directory_of
+
+    code, index, errors = rejudge(args.dir[0], out, progress)
+    set_out(index.parent)
+    print(f"report: {index.resolve()}")
+    return exit_for(code, errors, directory_of(args.dir[0]))  # a rerun (--resume) is of the records' directory

@@ -130,8 +130,11 @@ def add_parsers(sub) -> None:
     )
     run.add_argument(
         "--sabotage",
-        action="store_true",
-        help="also run each path's sabotaged twin; a twin that is not caught makes the path INCONCLUSIVE",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run each path's sabotaged twin, which must FAIL (default: on); a twin that is not caught makes "
+        "the path INCONCLUSIVE. --no-sabotage saves the twins' refits, and a PASS then shows as "
+        "'PASS (no twin)': not earned",
     )
     run.add_argument("--resume", metavar="DIR", help="finish the run in DIR (its own spec), keeping finished arms")
     run.add_argument(
@@ -321,7 +324,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         control=ControlSpec(tensor=args.control_tensor),
         judge=JudgePolicy(rebound=args.rebound or JudgePolicy.rebound),
         arm_timeout_s=args.arm_timeout or RunSpec.arm_timeout_s,
-        sabotage=args.sabotage,
+        sabotage=args.sabotage is not False,
         throughput=throughput_of(args.throughput),
         accuracy=accuracy_of(args.accuracy),
         digest=args.digest or RunSpec.digest,
@@ -371,8 +374,8 @@ def with_run_flags(scenario: ScenarioSpec, args: argparse.Namespace) -> Scenario
         changes["perturbations"] = tuple(replace(p, seed=args.seed) for p in scenario.perturbations)
     if args.rebound:
         changes["judge"] = replace(scenario.judge, rebound=args.rebound)
-    if args.sabotage:
-        changes["sabotage"] = True
+    if args.sabotage is not None:
+        changes["sabotage"] = args.sabotage
     if args.arm_timeout:
         changes["arm_timeout_s"] = args.arm_timeout
     for flag, value in (
@@ -463,6 +466,7 @@ def throughput_of(text: str | None) -> ThroughputSpec | None:
 def builds_of(args: argparse.Namespace):
     """``--build`` values, checked: unique names, an interpreter with vLLM in it."""
     from harness.builds.crossbuild import parse_expectation
+    from harness.builds.engine_deps import ensure_engine_deps
     from harness.builds.venvs import describe, parse_build
 
     specs = [parse_build(b) for b in args.build]
@@ -472,6 +476,7 @@ def builds_of(args: argparse.Namespace):
     for b in specs:
         facts = describe(b)
         progress(f"build {b.name}: vLLM {facts['vllm']} · torch {facts.get('torch', '?')} · {b.python}")
+        ensure_engine_deps(b, log=progress)  # or refuse now, in one line naming the fix
     for e in args.expect:
         build = e.partition("=")[0].partition(":")[0].strip()
         if build not in names + [n + "2" for n in names] + ["base", "pr", "base2"]:

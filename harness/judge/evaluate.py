@@ -19,6 +19,7 @@ from harness.judge.verdict import (
     skipped,
     with_expected_census,
     with_sabotage,
+    without_twin,
 )
 from harness.plan import (
     ArmPlan,
@@ -215,7 +216,10 @@ def evaluate(out: Path) -> Evaluation:
             verdict = with_expected_census(verdict, record.spec.expected_census, census)
         verdicts.append(verdict)
     return Evaluation(
-        record=record, arms=tuple(results.values()), comparisons=tuple(comparisons), verdicts=tuple(verdicts)
+        record=record,
+        arms=tuple(results.values()),
+        comparisons=tuple(comparisons),
+        verdicts=tuple(without_twin(v) for v in verdicts),
     )
 
 

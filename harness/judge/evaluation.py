@@ -38,6 +38,9 @@ class RunRecord:
     cpu: CpuCapabilities | None = None
     """The machine's CPU as the parent read it (``/proc/cpuinfo``), with the ``--cpu-isa`` override
     applied; each arm records what vLLM itself saw (``ArmResult.cpu``). None in older records."""
+    finished: str | None = None
+    """UTC time the last arm ended, ISO 8601 (rewritten by ``--resume``); None while the run is
+    going, or in older records. With ``started``, the run's duration on the report's first lines."""
 
 
 @dataclass(frozen=True)

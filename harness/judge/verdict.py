@@ -23,6 +23,12 @@ class VerdictStatus(str, Enum):
     XPASS = "XPASS"  # a known issue no longer reproduces: the expectation is out of date
 
 
+UNEARNED_PASS = "PASS (no twin)"
+"""How a PASS whose sabotaged twin did not run is shown (grid, compare page, expectations): it
+exits 0 like a PASS, but it is not earned, and an expectation of PASS is not met by it."""
+NO_TWIN = "no sabotaged twin ran (--no-sabotage): nothing showed this path could fail here, so this PASS is not earned"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The answer for one path, with the reasons a reviewer reads."""
@@ -43,19 +49,30 @@ class Verdict:
     """Whether the path's sabotaged twin was caught (None when no twin ran)."""
     known: tuple[str, ...] = ()
     """Titles of the known issues that explain an XFAIL (or that no longer reproduce: XPASS)."""
+    findings: tuple[str, ...] = ()
+    """The docs pages of those known issues' findings (``docs/findings/NAME.md``), where written."""
     notes: tuple[str, ...] = ()
     """Facts reported but not deciding the verdict: REBOUND tensors that fail nothing here,
     the noise floor, UNJUDGEABLE tensors. A reviewer reads them folded away."""
 
     @property
+    def earned(self) -> bool:
+        """A PASS whose sabotaged twin ran and was caught: the only PASS that proves something."""
+        return self.status is VerdictStatus.PASS and self.sabotage is not None and self.sabotage.caught
+
+    @property
+    def shown(self) -> str:
+        """The verdict as a reviewer reads it: the status, or ``PASS (no twin)`` for a PASS
+        that is not earned."""
+        if self.status is VerdictStatus.PASS and not self.earned:
+            return UNEARNED_PASS
+        return self.status.value
+
+    @property
     def headline(self) -> str:
         """One line: what decided this verdict."""
         if self.status is VerdictStatus.PASS:
-            twin = (
-                "; its sabotaged twin was caught"
-                if self.sabotage is not None and self.sabotage.caught
-                else "; no sabotaged twin ran (--sabotage)"
-            )
+            twin = "; its sabotaged twin was caught" if self.earned else f"; {NO_TWIN}"
             return f"warm A→B equals cold B; the positive control was seen{twin}"
         if self.status is VerdictStatus.FAIL and (self.first_divergent_kernel_input or self.first_divergent_tensor):
             if self.first_divergent_kernel_input:
@@ -337,6 +354,13 @@ def with_sabotage(v: Verdict, outcome: SabotageOutcome | None) -> Verdict:
     return replace(v, sabotage=outcome)
 
 
+def without_twin(v: Verdict) -> Verdict:
+    """A verdict of a run without sabotaged twins: a PASS says, first, that it is not earned."""
+    if v.status is VerdictStatus.PASS and v.sabotage is None and NO_TWIN not in v.reasons:
+        return replace(v, reasons=(NO_TWIN, *v.reasons))
+    return v
+
+
 def _explaining(
     knowns: tuple[KnownIssue, ...], c: PathComparison, status: VerdictStatus, bad: list[TensorDiff], kernel_bad: list
 ) -> tuple[KnownIssue, ...]:
@@ -381,13 +405,16 @@ def _against_known(v: Verdict, knowns: tuple[KnownIssue, ...], explaining: tuple
         gone = f"known issue on {knowns[0].where} did not reproduce, so the expectation is out of date: " + " / ".join(
             k.reason for k in knowns
         )
-        return replace(v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons), known=_titles(knowns))
+        return replace(
+            v, status=VerdictStatus.XPASS, reasons=(gone, *v.reasons), known=_titles(knowns), findings=_findings(knowns)
+        )
     if explaining and v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
         return replace(
             v,
             status=VerdictStatus.XFAIL,
             reasons=tuple(f"known issue on {k.where}: {k.reason}" for k in explaining) + v.reasons,
             known=_titles(explaining),
+            findings=_findings(explaining),
         )
     if v.status in (VerdictStatus.FAIL, VerdictStatus.ERROR):
         beyond = f"beyond this path's known issue on {knowns[0].where} (" + " / ".join(k.reason for k in knowns) + ")"
@@ -397,6 +424,10 @@ def _against_known(v: Verdict, knowns: tuple[KnownIssue, ...], explaining: tuple
 
 def _titles(knowns: tuple[KnownIssue, ...]) -> tuple[str, ...]:
     return tuple(k.title or k.reason.split(";")[0] for k in knowns)
+
+
+def _findings(knowns: tuple[KnownIssue, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(k.finding for k in knowns if k.finding))
 
 
 def _tensor_reason(check: str, diffs: list[TensorDiff]) -> str | None:

@@ -477,6 +477,10 @@ def execute(
     with contextlib.ExitStack() as claims:  # a reference this run computes, until it is stored
         record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference, claims)
         _run_arms(record, inputs, out, progress, fan, resume, claims, events)
+    # When it ended, for the duration on the report's first lines.
+    store.dump(
+        replace(record, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), out / "run.json", "run_record"
+    )
     return evaluate(out)
 
 

@@ -56,6 +56,7 @@ def compare_runs(
     expect: list[str],
     progress: Progress,
     allow_cpu_mismatch: bool = False,
+    allow_model_mismatch: bool = False,
 ) -> int:
     """Compare two finished runs (and the base run again, the noise floor) from their records,
     write the comparison page in ``out``; its exit code (expectations met or not)."""
@@ -64,6 +65,7 @@ def compare_runs(
 
     from harness.builds.crossbuild import compare_builds, parse_expectation
     from harness.report.compare_page import write_comparison
+    from harness.report.provenance import run_provenance
 
     expectations = tuple(parse_expectation(e) for e in expect)
     evs = [evaluate(d) for d in (base, pr)]
@@ -75,8 +77,9 @@ def compare_runs(
         expectations=expectations,
         command=shlex.join(["refit-harness", *sys.argv[1:]]),
         allow_cpu_mismatch=allow_cpu_mismatch,
+        allow_model_mismatch=allow_model_mismatch,
     )
-    files = write_comparison(cmp, out)
+    files = write_comparison(cmp, out, {label: run_provenance(ev) for label, ev in zip(("base", "pr"), evs)})
     for e in cmp.expectations:
         got = ", ".join(f"{p} {v}" for p, v in e.actual) or ("no cell regressed" if e.implied else "no cell")
         progress(

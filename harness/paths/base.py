@@ -8,6 +8,7 @@ that run in arms.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from harness.device import RunsOn, cuda_available
@@ -34,8 +35,10 @@ class Engine(Protocol):
     """What a path needs from a running engine. The arm's engines (``harness.arm.engines``)
     provide it; the paths own the interface so that they need not import the engine side."""
 
-    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
-        """``collective_rpc``: one result per worker rank."""
+    def rpc(self, method: str | Callable[..., Any], kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """``collective_rpc``: one result per worker rank. ``method``: a worker method's name, or
+        (``llm`` and ``ray_llm`` engines) a module-level function ``f(worker, **kwargs)``, which
+        vLLM pickles by reference and runs inside each worker."""
         ...
 
     def generate(self, prompts: PromptSpec) -> tuple[PromptOutput, ...]:

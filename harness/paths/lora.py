@@ -49,6 +49,7 @@ class LoRAInPlacePrefixCache(LoRAInPlace):
 VLLM_42125 = KnownIssue(
     # The block hashes are computed by the scheduler, the same on every device.
     device=None,
+    finding="docs/findings/lora-inplace-same-path-stale-prefix-cache.md",
     vllm=("==0.32.*",),
     reason=(
         "vLLM keys a LoRA request's prefix-cache blocks on the adapter's name and path only "

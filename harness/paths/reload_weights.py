@@ -82,6 +82,7 @@ class ReloadKernelFormat(ReloadPath):
         KnownIssue(
             device="cpu",
             title="CPU oneDNN kernels keep the old weights after a kernel-format reload (float32)",
+            finding="docs/findings/cpu-kernel-format-packed-gemm.md",
             tensor_kinds=("kernel",),
             dtypes=("float32",),
             reason="vLLM's CPU backend packs each linear (and lm_head) weight into a oneDNN handle in a post-load hook, "
@@ -99,6 +100,7 @@ class ReloadKernelFormat(ReloadPath):
             dtypes=("bfloat16",),
             # oneDNN takes bf16 GEMMs on any AVX-512 CPU; SGL runs them on AMX. On AVX2 neither does.
             cpu_capabilities=("avx512_f", "amx_tile"),
+            finding="docs/findings/cpu-kernel-format-packed-gemm.md",
             title="CPU: a kernel-format reload leaves every packed bf16 GEMM kernel (oneDNN on AVX-512, SGL on "
             "AMX) with the old weights",
             reason="In bfloat16 the same holds wherever vLLM's CPU backend packs bf16 GEMMs: an SGL "

@@ -16,7 +16,10 @@ from harness.report.style import ICON, REPORT_SCHEMA_VERSION
 from harness.store import to_jsonable
 
 
-def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
+def write_comparison(
+    cmp: BuildComparison, out: Path, provenance: dict[str, dict[str, str]] | None = None
+) -> dict[str, Path]:
+    """``provenance``: base's and pr's (``harness.report.provenance``), for the pages' first lines."""
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     tables = {
@@ -54,10 +57,34 @@ def write_comparison(cmp: BuildComparison, out: Path) -> dict[str, Path]:
         json.dumps({"schema_version": REPORT_SCHEMA_VERSION, "exit_code": cmp.exit_code, **to_jsonable(cmp)}, indent=1)
     )
     files["summary.md"] = out / "summary.md"
-    files["summary.md"].write_text(render_markdown(cmp))
+    shared = shared_provenance(provenance or {})
+    files["summary.md"].write_text(render_markdown(cmp, shared))
     files["index.html"] = out / "index.html"
-    files["index.html"].write_text(render_html(cmp))
+    files["index.html"].write_text(render_html(cmp, shared))
     return files
+
+
+def shared_provenance(per_build: dict[str, dict[str, str]]) -> dict[str, str]:
+    """One provenance for both builds: a fact they share once, one that differs per build."""
+    labels = list(per_build)
+    keys = list(dict.fromkeys(k for p in per_build.values() for k in p))
+    out = {}
+    for k in keys:
+        values = {label: per_build[label].get(k, "—") for label in labels}
+        same = len(set(values.values())) == 1
+        out[k] = next(iter(values.values())) if same else "; ".join(f"{label}: {v}" for label, v in values.items())
+    return out
+
+
+def write_group_index(out: Path, groups: list[tuple[str, int]]) -> Path:
+    """The top page of a comparison of two scenario directories: one comparison per cell group."""
+    from harness.cache import write_atomic
+
+    lines = ["## refit-harness: two scenario runs, group by group", ""]
+    lines += [f"- [{g}]({g}/index.html): expectations {'met' if code == 0 else '**NOT met**'}" for g, code in groups]
+    write_atomic(out / "summary.md", "\n".join(lines) + "\n")
+    page = render("groups.html.j2", groups=groups)
+    return write_atomic(out / "index.html", page)
 
 
 def _csv(path: Path, rows) -> Path:
@@ -86,9 +113,11 @@ def _cell(v) -> str:
 # --- summary.md ----------------------------------------------------------------------------
 
 
-def render_markdown(cmp: BuildComparison) -> str:
+def render_markdown(cmp: BuildComparison, provenance: dict[str, str] | None = None) -> str:
+    from harness.report.provenance import provenance_markdown
+
     b, p, b2 = cmp.build("base"), cmp.build("pr"), cmp.build("base2")
-    lines = ["## refit-harness: two builds side by side", ""]
+    lines = ["## refit-harness: two builds side by side", "", *provenance_markdown(provenance or {})]
     for f in (b, b2, p):
         if f:
             sha = f" `{f.vllm_git_sha[:12]}`" if f.vllm_git_sha else ""
@@ -340,7 +369,7 @@ def pct(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.0f}%"
 
 
-def render_html(cmp: BuildComparison) -> str:
+def render_html(cmp: BuildComparison, provenance: dict[str, str] | None = None) -> str:
     def num(v) -> str:
         return "—" if v is None else f"{v:.3g}"
 
@@ -352,6 +381,7 @@ def render_html(cmp: BuildComparison) -> str:
     return render(
         "compare.html.j2",
         cmp=_view(cmp, builds),
+        provenance=provenance or {},
         base=builds["base"],
         pr=builds["pr"],
         base2=builds.get("base2"),

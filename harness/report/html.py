@@ -23,17 +23,21 @@ def render_html(
     hooks: pd.DataFrame,
 ) -> str:
     # A path that never ran has no positive-control entry at all.
-    paths = {name: {"positive_control": None, **p, **_folded(p)} for name, p in summary["paths"].items()}
+    floor = logprob_floor(tokens, ev.record.spec.judge.logprob_atol)
+    moved = outputs_moved(tokens, floor)
+    paths = {
+        name: {"positive_control": None, **p, **_folded(p), "outputs": moved.get(name)}
+        for name, p in summary["paths"].items()
+    }
     return render(
         "run.html.j2",
-        started=ev.record.started,
         engine={
             "dtype": ev.record.spec.engine.dtype,
             "mode": ev.record.spec.engine.mode,
             "tensor_parallel_size": ev.record.spec.engine.tensor_parallel_size,
             "args": engine_args_shown(ev),
         },
-        cpu=summary["environment"].get("cpu_capabilities", "not recorded"),
+        provenance=summary["provenance"],
         paths=paths,
         divergent=[
             (name, p)
@@ -42,19 +46,31 @@ def render_html(
         ],
         checkpoints=summary["checkpoints"],
         sabotaged=[(name, p["sabotage"]) for name, p in paths.items() if p.get("sabotage") is not None],
+        controls=_controls(paths),
+        outputs_headline=outputs_headline(moved, len(paths)),
+        counts=_counts(paths),
         accuracy=summary.get("accuracy"),
         noise=summary["noise_floor"],
         unobserved=summary.get("unobserved") or {"count": 0, "items": []},
         tensors=_non_ok(tensors),
-        tensor_headers=["path", "check", "tensor", "kind", "status", "address moved"],
+        tensor_headers=["paths", "check", "tensor", "kind", "status", "address moved"],
         consumed=_consumed(consumed),
         hooks=_hooks(hooks),
-        tokens=_tokens(tokens),
+        tokens=_tokens(tokens, floor),
         reference=summary.get("reference") or {},
         cold_starts=summary.get("cold_starts", "?"),
         arms=summary["arms"],
         environment={**summary["environment"], **{f"checkpoint {k}": v for k, v in summary["checkpoints"].items()}},
     )
+
+
+def finding_links(findings: list[str]) -> list[tuple[str, str | None]]:
+    """Each finding page (``docs/findings/NAME.md``) with a link to it in this harness's checkout,
+    where it is there (None: shown as text)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return [(f, (root / f).as_uri() if (root / f).is_file() else None) for f in findings]
 
 
 def _folded(p: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +82,12 @@ def _folded(p: dict[str, Any]) -> dict[str, Any]:
     parts = ([f"{len(reasons)} more reason(s)"] if reasons else []) + (
         [f"{len(notes)} reported, not deciding"] if notes else []
     )
-    return {"diverged": diverged, "more": reasons + notes, "more_summary": ", ".join(parts)}
+    return {
+        "diverged": diverged,
+        "more": reasons + notes,
+        "more_summary": ", ".join(parts),
+        "finding_links": finding_links(p.get("findings") or []),
+    }
 
 
 def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
@@ -77,13 +98,31 @@ def _non_ok(tensors: pd.DataFrame) -> dict[str, Any]:
     deciding = bad["status"].isin([s.value for s in FAILING_STATUSES])
     refit = own[own["check"] == "refit"]
     rest = bad[~deciding]
+    every = list(dict.fromkeys(own["path"]))
     return {
-        "deciding": bad[deciding].to_dict("records"),
-        "rest": rest.to_dict("records"),
+        "deciding": _collapsed(
+            bad[deciding].to_dict("records"), ("check", "tensor", "kind", "status", "address_moved"), every
+        ),
+        "rest": _collapsed(rest.to_dict("records"), ("check", "tensor", "kind", "status", "address_moved"), every),
         "rest_statuses": sorted(set(rest["status"])),
         "compared": len(refit),
         "unjudgeable": int((refit["status"] == "UNJUDGEABLE").sum()),
     }
+
+
+def _collapsed(rows: list[dict[str, Any]], key: tuple[str, ...], every: list[str]) -> list[dict[str, Any]]:
+    """Rows equal but for their path, as one row naming its paths (``paths_shown``: the path, "every
+    path (N)", or "N paths"; ``paths``: them all), in first-seen order."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        g = groups.setdefault(tuple(r[k] for k in key), {**r, "paths": []})
+        g["paths"].append(r["path"])
+    for g in groups.values():
+        n = len(g["paths"])
+        g["paths_shown"] = (
+            g["paths"][0] if n == 1 else f"every path ({n})" if set(g["paths"]) >= set(every) else f"{n} paths"
+        )
+    return list(groups.values())
 
 
 def _consumed(consumed: pd.DataFrame) -> dict[str, Any]:
@@ -97,19 +136,106 @@ def _consumed(consumed: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _hooks(hooks: pd.DataFrame) -> list[dict[str, Any]]:
-    return [
-        {**r, "stale_derived": [t for t in str(r["stale_derived"]).split() if t != "nan"]}
-        for r in hooks.to_dict("records")
+def _hooks(hooks: pd.DataFrame) -> dict[str, Any]:
+    """Hook rows that say something (a hook the refit did not run, or stale derived tensors
+    under it), one row per finding with the paths it holds for; the rows that say "ran, nothing
+    stale" only counted (hooks.csv has them all). Sabotaged twins have their own section."""
+    said: dict[tuple, list[str]] = {}
+    silent = 0
+    for r in hooks.to_dict("records"):
+        if "~" in str(r["path"]):
+            continue
+        stale = tuple(t for t in str(r["stale_derived"]).split() if t != "nan")
+        if r["runs_on_refit"] and not stale:
+            silent += 1
+            continue
+        said.setdefault((r["module"], r["kind"], bool(r["runs_on_refit"]), stale), []).append(str(r["path"]))
+    rows = [
+        {"paths": paths, "module": m, "kind": k, "runs_on_refit": runs, "stale_derived": list(stale)}
+        for (m, k, runs, stale), paths in said.items()
     ]
+    return {"rows": rows, "silent": silent, "total": len(hooks)}
 
 
-def _tokens(tokens: pd.DataFrame) -> list[dict[str, Any]]:
-    return [
+def _tokens(tokens: pd.DataFrame, atol: float = 0.0) -> dict[str, Any]:
+    """Token rows of the real paths that differ from cold B first (a divergence, or logprobs
+    beyond the tolerance); the ones equal to cold B counted and folded; the sabotaged twins'
+    rows apart, since they are expected to diverge."""
+    rows = [
         {
             **r,
             "diverged": not pd.isna(r["first_divergence"]),
+            "drift": bool(r["max_logprob_diff"] > atol),
             **{k: None if pd.isna(r.get(k)) else r[k] for k in ("subject_text", "reference_text")},
         }
         for r in tokens[tokens["check"] != "noise"].to_dict("records")
     ]
+    real = [r for r in rows if "~" not in str(r["path"])]
+    every = list(dict.fromkeys(r["path"] for r in real))
+    same_key = ("check", "prompt", "subject_tokens", "reference_tokens")
+    return {
+        "moved": _collapsed([r for r in real if r["diverged"] or r["drift"]], (*same_key, "max_logprob_diff"), every),
+        "same": _collapsed([r for r in real if not (r["diverged"] or r["drift"])], same_key, every),
+        "twins": _collapsed([r for r in rows if "~" in str(r["path"])], (*same_key, "max_logprob_diff"), []),
+    }
+
+
+def logprob_floor(tokens: pd.DataFrame, atol: float) -> float:
+    """The logprob difference a refit may show: the tolerance plus what two cold starts differ by."""
+    noise = tokens.loc[tokens["check"] == "noise", "max_logprob_diff"].max()
+    return atol + (0.0 if pd.isna(noise) else float(noise))
+
+
+def outputs_moved(tokens: pd.DataFrame, atol: float) -> dict[str, str]:
+    """Per real path, how its outputs after the refit moved from cold B's (greedy tokens, or
+    logprobs beyond the tolerance); paths whose outputs equal cold B's are absent."""
+    out: dict[str, str] = {}
+    refit = tokens[(tokens["check"] != "noise") & ~tokens["path"].str.contains("~", regex=False)]
+    for path, rows in refit.groupby("path", sort=False):
+        diverged = rows[rows["first_divergence"].notna()]
+        parts = []
+        if len(diverged):
+            first = diverged.sort_values("first_divergence").iloc[0]
+            parts.append(
+                f"greedy tokens diverge on {len(diverged)} of {len(rows)} prompt(s), first prompt "
+                f"{first['prompt']} at token {first['first_divergence']}"
+            )
+        worst = rows["max_logprob_diff"].max()
+        if worst > atol:
+            parts.append(f"logprobs differ by up to {worst:.3g} (tolerance {atol:g})")
+        if parts:
+            out[str(path)] = "; ".join(parts)
+    return out
+
+
+def outputs_headline(moved: dict[str, str], paths: int) -> str:
+    if not moved:
+        return f"Outputs: greedy tokens and logprobs equal cold B's on every path ({paths})."
+    return f"Outputs moved on {len(moved)} of {paths} path(s): " + "; ".join(f"{p}: {t}" for p, t in moved.items())
+
+
+def _counts(paths: dict[str, Any]) -> str:
+    from collections import Counter
+
+    counts = Counter(p.get("shown", p["verdict"]) for p in paths.values())
+    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+
+
+def _controls(paths: dict[str, Any]) -> list[dict[str, Any]]:
+    """Positive-control rows, one per distinct outcome with the paths that share it."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for name, p in paths.items():
+        ctl = p.get("positive_control")
+        if ctl is None:
+            continue
+        key = (
+            ctl["detected"],
+            ctl["checkpoint_tensor"],
+            tuple(ctl["expected_modules"]),
+            tuple(ctl["localized_to"]),
+            ctl["tokens_moved"],
+        )
+        g = groups.setdefault(key, {**ctl, "paths": [], "shifts": []})
+        g["paths"].append(name)
+        g["shifts"].append(ctl["max_logprob_shift"])
+    return list(groups.values())

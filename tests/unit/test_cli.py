@@ -17,7 +17,7 @@ def cli(*args, cwd=None):
         (("run", "--model", "/no/such/dir", "--out", "{tmp}/o"), "checkpoint directory not found: /no/such/dir"),
         (("run", "--paths", "nope", "--out", "{tmp}/o"), "unknown reload path 'nope'. Available: ["),
         (("run", "--tp", "x"), "argument --tp: invalid int value"),
-        (("report", "{tmp}"), "is not a report directory"),
+        (("report", "{tmp}"), "holds no run (run.json), scenario"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):

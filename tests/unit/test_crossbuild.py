@@ -11,7 +11,7 @@ from harness.builds.crossbuild import NO_DIFFERENCE, compare_builds, layer_of, p
 from harness.errors import CompareError
 from harness.judge.diff import compare_path
 from harness.judge.evaluation import Evaluation, RunRecord
-from harness.judge.verdict import judge
+from harness.judge.verdict import SabotageOutcome, VerdictStatus, judge, with_sabotage
 from harness.plan import Plan
 from harness.records import HookRecord
 from harness.report.compare_page import render_html, render_markdown, write_comparison
@@ -19,6 +19,8 @@ from harness.spec.checkpoint_set import CheckpointSet
 from harness.spec.run import JudgePolicy, RunSpec
 from tests.records import EXPECTED, A, B, arm, obs, output, subject
 
+# Each path's twin ran and was caught: a PASS here is earned.
+CAUGHT = SabotageOutcome("left q_proj out", "tensor", "q_proj.weight", VerdictStatus.FAIL, True, "caught")
 CKPT = CheckpointSet(a="/a", b="/b", b_control="/b2", control_tensor="q_proj.weight")
 HOOKS = (
     HookRecord("model.layers.0.qkv_proj", "quant_method", 0, "UnquantizedLinearMethod"),
@@ -42,7 +44,12 @@ def evaluation(cold_b=B, subj=None, outputs=None, seconds=10.0, hooks=HOOKS, noi
         git_sha="abc",
         started="2026-01-01T00:00:00Z",
     )
-    return Evaluation(record=record, arms=(ref, noise, s), comparisons=(c,), verdicts=(judge(c, JudgePolicy(), False),))
+    return Evaluation(
+        record=record,
+        arms=(ref, noise, s),
+        comparisons=(c,),
+        verdicts=(with_sabotage(judge(c, JudgePolicy(), False), CAUGHT),),
+    )
 
 
 STALE = subject(warm_b={**B, "norm": A["norm"]}, warm_b_again={**B, "norm": A["norm"]})

@@ -264,3 +264,51 @@ def test_an_eager_path_on_a_gpu_reports_a_rebound_without_failing(tmp_path):
     [v] = evaluate(write_run(tmp_path, "NVIDIA H100 80GB HBM3", paths=("reload_weights",))).verdicts
     assert v.status is VerdictStatus.PASS
     assert any("REBOUND, not failing" in r for r in v.notes)
+
+
+# ---- earned by default: twins run unless --no-sabotage, and an unearned PASS says so ------
+
+
+def run_spec(*flags: str):
+    from harness.cli import build_parser
+    from harness.cli.run import spec_from_args
+
+    return spec_from_args(build_parser().parse_args(["run", "--model", "/m", *flags]))
+
+
+def test_a_plain_run_runs_the_twins_and_no_sabotage_turns_them_off():
+    assert run_spec().sabotage and run_spec("--sabotage").sabotage
+    assert not run_spec("--no-sabotage").sabotage
+
+
+def test_a_pass_without_a_twin_is_shown_as_such_and_is_not_earned(tmp_path):
+    [v] = evaluate(write_run(tmp_path, "cpu (x86_64)", paths=("reload_weights",))).verdicts  # no twin ran
+    assert v.status is VerdictStatus.PASS and not v.earned
+    assert v.shown == "PASS (no twin)" and v.reasons[0].startswith("no sabotaged twin ran (--no-sabotage)")
+    assert "not earned" in v.headline
+    caught = sabotage_outcome(twin_arm({**B, "qkv_proj.<kernel-output>": A["qkv_proj.<kernel-output>"]}))
+    earned = with_sabotage(judge(compared(twin_arm(B)), POLICY, False), caught)
+    assert earned.earned and earned.shown == "PASS" and "was caught" in earned.headline
+
+
+def test_an_unearned_pass_meets_no_pass_expectation_and_is_no_regression():
+    from harness.builds.crossbuild import VerdictRow, check_expectations, parse_expectation
+
+    row = VerdictRow("reload_weights", "FAIL", "PASS (no twin)", None, "changed", "", "")
+    [met] = check_expectations((row,), (parse_expectation("pr=PASS"),))
+    assert not met.met and met.actual == (("reload_weights", "PASS (no twin)"),)
+    [implied] = check_expectations((VerdictRow("p", "PASS (no twin)", "PASS", None, "changed", "", ""),), ())
+    assert implied.met  # an unearned PASS exits 0: moving to an earned one is no regression
+
+
+def test_the_grid_and_summary_show_an_unearned_pass(tmp_path):
+    from harness.report.matrix import matrix_summary
+    from harness.report.summary import summary_dict
+    from harness.spec.scenario import CellGroup, ModelRef
+
+    ev = evaluate(write_run(tmp_path, "cpu (x86_64)", paths=("reload_weights",)))
+    entry = summary_dict(ev)["paths"]["reload_weights"]
+    assert entry["verdict"] == "PASS" and entry["shown"] == "PASS (no twin)" and entry["earned"] is False
+    group = CellGroup(id="g", model=ModelRef("m", path="/a"), spec=ev.record.spec)
+    s = matrix_summary("s", [(group, ev)])
+    assert s["grid"]["g"]["reload_weights"] == "PASS (no twin)" and s["cells"]["reload_weights[g]"]["earned"] is False

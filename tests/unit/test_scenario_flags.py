@@ -104,3 +104,14 @@ def test_only_without_a_scenario_is_refused_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "refit-harness: error: --only and --skip select cells of a scenario: give -s SCENARIO"
     ]
+
+
+def test_list_counts_the_cells_the_report_shows_one_per_trainer_step():
+    from harness.cli.listing import verdict_cells
+    from scenarios import SCENARIOS
+
+    [group] = expand(SCENARIOS.get("default")())
+    cells = verdict_cells(group)
+    steps = group.spec.trainer.steps
+    assert len(cells) == len(group.spec.paths) + 2 * (steps - 1)  # trainer_steps and trainer_steps_gloo
+    assert f"trainer_steps@T{steps}[{group.id}]" in cells and f"trainer_steps[{group.id}]" not in cells
