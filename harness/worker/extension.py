@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
+from harness.worker import vllm_compat
 from harness.worker.census import (
     observe_entries,
     observe_number,
@@ -156,6 +157,11 @@ class RefitObserver:
         digested with ``digest`` (as the census)."""
         model = self.get_model()
         recorder = ConsumptionRecorder(model, self._refit_harness_kv_storages(), resolve_digest(digest))
+        # vLLM 0.34's standalone CPU runner samples through torch.compile(fullgraph=True) functions;
+        # dynamo will not trace them under a dispatch mode and raises ("found no compiled frames").
+        # They run eagerly for the recorded step alone.
+        self._refit_harness_stance = vllm_compat.eager_while_recording()
+        self._refit_harness_stance.__enter__()
         recorder.__enter__()  # stays active on this thread across the next engine step
         self._refit_harness_recorder = recorder
 
@@ -163,6 +169,7 @@ class RefitObserver:
         """This rank's ``RankRecording``, as JSON."""
         recorder = self._refit_harness_recorder
         recorder.__exit__(None, None, None)
+        self._refit_harness_stance.__exit__(None, None, None)
         recorder.close()
         self._refit_harness_recorder = None
         model = self.get_model()

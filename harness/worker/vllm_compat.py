@@ -224,6 +224,24 @@ def finish_reload(model: Any, model_config: Any, device: Any) -> None:
         finalize_layerwise_reload(model, model_config)
 
 
+def eager_while_recording() -> Any:
+    """A context in which the recorded engine step runs: ``torch.compiler.set_stance("force_eager")``
+    where vLLM's CPU runner samples through ``torch.compile(fullgraph=True)`` functions (0.34's
+    standalone CPU model runner: measured, the step under the recorder's dispatch mode raised
+    "torch.compile with fullgraph=True found no compiled frames" and broke the engine), else
+    nothing, so older runners' recorded steps run exactly as before."""
+    import contextlib
+
+    from vllm.platforms import current_platform
+
+    standalone = getattr(current_platform, "uses_standalone_cpu_model_runner", None)
+    if callable(standalone) and standalone():
+        import torch
+
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
+
+
 # --- the API check -------------------------------------------------------------------------
 
 
