@@ -48,9 +48,14 @@ print("REFIT_HARNESS_DEPS " + json.dumps({
 """
 
 
+IMPORTED_AS = {"requests_unixsocket2": "requests_unixsocket"}
+"""Distributions of ``ENGINE_EXTRAS`` imported under another name."""
+
+
 def requirement_module(requirement: str) -> str:
     """The module a requirement's distribution is imported as (``ray[default]>=2.40`` -> ``ray``)."""
-    return re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0].strip().replace("-", "_").lower()
+    name = re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0].strip().replace("-", "_").lower()
+    return IMPORTED_AS.get(name, name)
 
 
 def engine_requirements() -> tuple[str, ...]:

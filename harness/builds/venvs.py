@@ -36,9 +36,10 @@ from harness.spec.build import BuildSpec
 HARNESS_PACKAGE = Path(__file__).resolve().parents[1]
 # Beside vLLM, what the engine side of the harness imports that vLLM does not bring: Ray (the
 # Ray-driven transfer paths), xxhash (the default digest, harness.worker.digest; blake3 is a
-# dependency of vLLM's own) and requests-unixsocket2 (the HTTP weight transfer's client; measured:
-# a 0.34 source build without it made that path ERROR). An overlay build has them from the base.
-ENGINE_EXTRAS = ("ray[default]>=2.40", "xxhash>=3.4", "requests-unixsocket2>=1.0")
+# dependency of vLLM's own), requests-unixsocket2 (the HTTP weight transfer's client; measured:
+# a 0.34 source build without it made that path ERROR) and packaging (the m2n NCCL version check;
+# vLLM brings it only indirectly). An overlay build has them from the base.
+ENGINE_EXTRAS = ("ray[default]>=2.40", "xxhash>=3.4", "requests-unixsocket2>=1.0", "packaging")
 # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; text models need none.
 CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
 STAMP = "build.json"

@@ -21,7 +21,7 @@ from harness.spec.build import BuildSpec
 
 
 def test_each_engine_extra_names_the_module_the_arms_import():
-    assert [requirement_module(r) for r in ENGINE_EXTRAS] == ["ray", "xxhash"]
+    assert [requirement_module(r) for r in ENGINE_EXTRAS] == ["ray", "xxhash", "requests_unixsocket", "packaging"]
     assert requirement_module("Foo-Bar[x]>=1; python_version>'3'") == "foo_bar"
 
 
