@@ -280,6 +280,23 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     tied_head_issue(("float32",), ()),
     KnownIssue(
         device="cpu",
+        vllm=("==0.34.*",),
+        reload_modes=("direct",),
+        dtypes=("float32",),
+        error_contains="post-load processing replaced the parameter object",
+        finding="docs/findings/cpu-direct-reload-replaced-parameters.md",
+        title="CPU: every reload in VLLM_RELOAD_MODE=direct raises: the linear post-load hook replaces the weight Parameters",
+        reason="vLLM 0.34's direct reload checks after post-load processing that every checkpoint Parameter "
+        "object is the one it recorded at cold start (_check_params_kept); on the CPU, "
+        "dispatch_cpu_unquantized_gemm moves each linear weight into a oneDNN handle and registers a new, "
+        "empty Parameter, so the first reload raises 'direct reload: post-load processing replaced the "
+        "parameter object of N checkpoint tensors'. _verify_direct_reload_compat does not refuse the CPU "
+        "platform, so the engine starts and only the reload fails (loudly: no wrong value is served). "
+        "Measured on a CPU source build of vLLM 0.34.0 (float32, AVX-512), every direct-mode reload path; "
+        "repro/cpu_direct_reload_replaced_parameters.py shows it with vLLM alone",
+    ),
+    KnownIssue(
+        device="cpu",
         vllm=("==0.32.*",),
         # Block-fp8 checkpoints of models with biases on the projections (the zoo's Qwen3 has
         # attention biases, as Qwen2 does); a bias-free model starts (measured with Llama).

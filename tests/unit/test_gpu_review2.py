@@ -11,6 +11,13 @@ from harness.spec.known_issues import KNOWN_ISSUES, KnownIssue
 
 CPU_KERNELS = "the CPU backend's own kernel or weight layout"
 DEVICE_SCOPED: dict[str, str] = {
+    "Layerwise reload finishes a fused layer early when part of it is sent twice, and the rest of the layer's loads then fail": (
+        f"{CPU_KERNELS}: the loud form (AttributeError 'weight_loader') needs the CPU hook's new Parameter; "
+        "elsewhere the late load is dropped silently"
+    ),
+    "CPU: every reload in VLLM_RELOAD_MODE=direct raises: the linear post-load hook replaces the weight Parameters": (
+        f"{CPU_KERNELS}: dispatch_cpu_unquantized_gemm registers a new, empty Parameter per linear"
+    ),
     "CPU: a tied lm_head keeps the kernel copy of the old embedding after every in-place refit": (
         f"{CPU_KERNELS}: the head's GEMM copy (SGL packed weight, oneDNN handle) is built by the CPU post-load hook"
     ),
