@@ -47,19 +47,18 @@ def observe(
     label: ObservationLabel,
     in_flight: tuple[InFlightRequest, ...] = (),
     probe_graphs: bool = False,
-    first_forward: bool = False,
 ) -> Observation:
     """Census, one recorded forward (a long prefill and a decode step inside the captured batch
     sizes), greedy outputs; and, right after a refit under CUDA graphs (``probe_graphs``), which
     moved tensors captured graphs still read at their old storage. ``in_flight``: the requests
     the refit before this observation saw generating, followed to their end.
 
-    ``first_forward``: this engine has not run a forward yet, so one short request runs first.
-    Every census is then taken after at least one forward, on a cold arm as on a warm one: a
-    tensor a model derives lazily on its first forward exists in both, and a warm engine's copy
-    left from before its refit is named STALE, not EXTRA or CORRUPT."""
-    if first_forward:
-        engine.generate(warm_up_prompt(arm.prompts))
+    Every observation starts with one short request, so its census and recorded forward follow a
+    forward on the engine as it is now, on a cold arm as on a warm one: state a model derives
+    lazily on a forward exists on both sides, a copy left from before the refit is named STALE
+    (not EXTRA or CORRUPT), and state a correct model rebuilds lazily after a refit is rebuilt
+    before it is judged (not MISSING)."""
+    engine.generate(warm_up_prompt(arm.prompts))
     per_rank = [
         store.from_jsonable(RankCensus, r)
         for r in engine.rpc(
@@ -383,7 +382,6 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 path.spec = arm.trainer  # type: ignore[attr-defined]  # a trainer path's trainer spec
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
-        forwarded = False  # whether the engine has run a forward (``observe``'s ``first_forward``)
         watchdog = watch_engine_processes(lambda why: save("error", why))
         cpu[0], kernels[0] = worker_dispatch(engine, cpu[0])
         for step in arm.steps:
@@ -413,7 +411,6 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(
                         arm, result_path.parent, {"model": restart.model, "load_format": restart.load_format}
                     )
-                    forwarded = False
                     watchdog = watch_engine_processes(lambda why: save("error", why))
             elif isinstance(step, Probe):
                 label = step.label
@@ -426,10 +423,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     save("error", f"arm stopped after measuring {str(label)!r}")
             else:
                 current[0] = (step.label.path, f"observe {step.label.stage}")
-                observations.append(
-                    observe(engine, arm, step.label, in_flight, probe_graphs=held, first_forward=not forwarded)
-                )
-                forwarded = True
+                observations.append(observe(engine, arm, step.label, in_flight, probe_graphs=held))
                 held = False
                 in_flight = ()
                 # Keep what was measured; if the arm dies later, this file says so.
