@@ -432,7 +432,12 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         return save("ok", None)
     except Exception as exc:
         traceback.print_exc()
-        message = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        inner = root_cause(exc)
+        message = (
+            f"{type(exc).__name__}: {exc}"
+            if inner is exc
+            else f"{type(inner).__name__}: {inner} (raised through {type(exc).__name__})"
+        ).strip()[:2000]
         # The cold start or the first observation (the CPU attention op refuses a head size at
         # the first forward, not at start-up), before any segment: the engine never ran.
         never_ran = cold_starts == 1 and not observations and current[0][0] is None
@@ -443,6 +448,15 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
             path.close()
         if engine is not None:
             engine.close()
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The exception a Ray task error carries (``RayTaskError.cause``, one per actor hop). Its
+    text leads the arm's error, so that vLLM's own words survive the recorded 2000 characters
+    (measured: a trainer actor's error around the engine actor's lost them) and can be matched."""
+    while isinstance(getattr(exc, "cause", None), BaseException):
+        exc = exc.cause  # type: ignore[attr-defined]
+    return exc
 
 
 _PROBE_ACTION = {"throughput": "measure", "accuracy": "accuracy"}
