@@ -110,7 +110,7 @@ def test_list_counts_the_cells_the_report_shows_one_per_trainer_step():
     from harness.cli.listing import verdict_cells
     from scenarios import SCENARIOS
 
-    [group] = expand(SCENARIOS.get("default")())
+    group = expand(SCENARIOS.get("default")())[0]  # the layerwise group, which has the trainer paths
     cells = verdict_cells(group)
     steps = group.spec.trainer.steps
     assert len(cells) == len(group.spec.paths) + 2 * (steps - 1)  # trainer_steps and trainer_steps_gloo
