@@ -315,9 +315,12 @@ def make_plan(
     if accuracy:
         cold_b += (Probe(ProbeLabel("accuracy", cold)),)
     plain = EngineRequirements()
-    groups: dict[EngineRequirements, list[str]] = {}
+    # Equal requirements share an engine, except an isolated path's: it gets one of its own.
+    by_engine: dict[tuple[EngineRequirements, str], list[str]] = {}
     for p in runnable:
-        groups.setdefault(paths[p].requirements, []).append(p)
+        r = paths[p].requirements
+        by_engine.setdefault((r, p if r.isolated else ""), []).append(p)
+    groups = [r for r, _ in by_engine]
     arms: list[ArmPlan] = []
     if any(r.lora is None for r in groups) or accuracy:
         arms += [
@@ -360,7 +363,7 @@ def make_plan(
             return ()
         return tuple(s for p in members for s in segment(p, targets(p, sabotage=True), sabotaged=True))
 
-    for requirements, group in groups.items():
+    for (requirements, _), group in by_engine.items():
         # Twins after every real segment (a sabotage never leaks into a real verdict); a path
         # that may raise midway, with its twin, after all of those (``PathNeeds.runs_last``).
         first = [p for p in group if not paths[p].runs_last]
