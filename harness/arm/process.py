@@ -285,12 +285,16 @@ def environment(digest: str = "auto") -> tuple[tuple[str, str], ...]:
         # forked from the run's warm interpreter (harness.arm.zygote), or a fresh python
         ("arm_process", f"forked from {os.environ[FORKED_ARM_ENV]}" if os.environ.get(FORKED_ARM_ENV) else "fresh"),
     ]
-    try:  # setuptools-scm/vcs-versioning record the commit of a source build (None for PyPI wheels)
+    # setuptools-scm records the commit of a source build in vllm/_version.py (None for PyPI wheels);
+    # a vLLM without the module has no commit to record: asked, not caught.
+    from harness.worker.vllm_compat import module_exists
+
+    commit = ""
+    if module_exists("vllm._version"):
         from vllm import _version
 
-        facts.append(("vllm_git_sha", str(getattr(_version, "__commit_id__", None) or "")))
-    except ImportError:
-        facts.append(("vllm_git_sha", ""))
+        commit = str(getattr(_version, "__commit_id__", None) or "")
+    facts.append(("vllm_git_sha", commit))
     build = os.environ.get(BUILD_ENV)
     if build:
         facts.append(("build", build))

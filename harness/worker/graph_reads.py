@@ -58,10 +58,9 @@ def full_graphs_without_inputs(model_runner: object) -> int:
 def captured_input_addresses() -> tuple[set[int], int]:
     """Every input address vLLM's ``CUDAGraphWrapper`` graphs (piecewise, and the V1 runner's
     FULL ones) recorded, and how many such graphs there are."""
-    try:
-        from vllm.compilation.cuda_graph import CUDAGraphWrapper
-    except ImportError:
-        return set(), 0
+    # In every supported vLLM (0.31-0.34; the adapter's API check lists it): no ImportError to hide.
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
     addresses: set[int] = set()
     graphs = 0
     for wrapper in list(CUDAGraphWrapper._all_instances):
