@@ -7,7 +7,13 @@ import argparse
 
 def add_parsers(sub) -> None:
     sub.add_parser("paths", help="list reload paths and where they run").set_defaults(handler=cmd_paths)
-    sub.add_parser("list", help="list registered scenarios and their cells").set_defaults(handler=cmd_list)
+    listing = sub.add_parser("list", help="list registered scenarios and their cells")
+    listing.add_argument(
+        "-s",
+        "--scenario",
+        help="print every cell of this scenario, one per line (the names --only and --skip match)",
+    )
+    listing.set_defaults(handler=cmd_list)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -18,6 +24,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 
+    if args.scenario:
+        scenario = SCENARIOS.get(args.scenario)()
+        if isinstance(scenario, RegressionsSpec):
+            print("\n".join(e.id for e in load_corpus(Path(scenario.corpus))))
+        else:
+            print("\n".join(c for g in expand(scenario) for c in verdict_cells(g)))
+        return 0
     for name in SCENARIOS.names():
         scenario = SCENARIOS.get(name)()
         if isinstance(scenario, RegressionsSpec):

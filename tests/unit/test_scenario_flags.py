@@ -115,3 +115,16 @@ def test_list_counts_the_cells_the_report_shows_one_per_trainer_step():
     steps = group.spec.trainer.steps
     assert len(cells) == len(group.spec.paths) + 2 * (steps - 1)  # trainer_steps and trainer_steps_gloo
     assert f"trainer_steps@T{steps}[{group.id}]" in cells and f"trainer_steps[{group.id}]" not in cells
+
+
+def test_list_of_one_scenario_prints_the_names_only_selects():
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "list", "-s", "smoke"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    cells = proc.stdout.split()
+    assert cells == ["reload_weights[tiny-qwen3-eager-tp1]", "transfer_gloo[tiny-qwen3-eager-tp1]"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "list", "-s", "no-such"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "Available:" in proc.stderr and "smoke" in proc.stderr
