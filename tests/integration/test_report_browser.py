@@ -201,6 +201,7 @@ def test_comparison_page_renders_its_grid_and_plots(fixed_twin_runs, tmp_path):
             "compare",
             str(base.out),
             str(pr.out),
+            "--allow-model-mismatch",  # the fixture and its fixed twin: two model classes, one set of weights
             "--expect",
             "base=FAIL",
             "--expect",

@@ -4,6 +4,7 @@ listed by ``refit-harness paths`` and run like a built-in path on the embedded m
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,18 +23,23 @@ def _pip(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def installed():
-    """The example installed into this venv (as a user would: pip, no editable link), and removed
-    afterwards, so that no other test's ``--paths all`` picks it up."""
-    proc = _pip("install", "-q", "--no-deps", "--no-build-isolation", "--no-index", str(EXAMPLE))
+def installed(tmp_path_factory) -> dict[str, str]:
+    """The example installed by pip (no editable link) into a directory of its own, and the
+    environment that puts it on the path. Not into this venv: tests running beside these would
+    see it (another test's ``--paths all``, the overlay key made from the venv's contents)."""
+    site = tmp_path_factory.mktemp("third-party-site")
+    proc = _pip("install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(site), str(EXAMPLE))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    yield
-    _pip("uninstall", "-y", "-q", DIST)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def test_the_installed_package_path_is_listed_as_third_party(installed):
     listing = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "paths"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "harness.cli", "paths"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, **installed),
     )
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
@@ -46,7 +52,7 @@ def test_the_installed_package_path_is_listed_as_third_party(installed):
 def test_the_bucketed_sync_passes_on_the_embedded_model_and_its_twin_is_caught(installed, tmp_path):
     # float32, the embedded model's own dtype: in bf16 on an AMX CPU this refit (like every in-place
     # load of float32 values) meets vLLM's AMX linear-bias finding (docs/findings/amx-linear-bias.md).
-    run = run_cli(["run", "--paths", "bucketed_sync", "--sabotage"], tmp_path / "out")
+    run = run_cli(["run", "--paths", "bucketed_sync", "--sabotage"], tmp_path / "out", extra_env=installed)
     assert run.exit_code == 0, run.output
     p = run.summary["paths"]["bucketed_sync"]
     assert p["verdict"] == "PASS", p["reasons"]
