@@ -332,7 +332,24 @@ HUNYUAN_V3 = Family(
 )
 """A tiny HunYuan V3 for the ``gpu-nightly`` scenario's HPC QK-norm cell (not in the CPU zoo)."""
 
-ALL_FAMILIES: tuple[Family, ...] = FAMILIES + TIED_FAMILIES + KV_FAMILIES + KV_FIXTURE_FAMILIES + (HUNYUAN_V3,)
+_DEEPSEEK_V2 = next(f for f in FAMILIES if f.label == "deepseek-v2")
+DEEPSEEK_V3 = Family(
+    "deepseek-v3",
+    "DeepseekV3Config",
+    "DeepseekV3ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    # The tiny DeepSeek-V2's shape; transformers' DeepSeek-V3 router always has the bias.
+    tuple((k, v) for k, v in _DEEPSEEK_V2.config if k != "topk_method"),
+    "DeepSeek-V3's noaux_tc router: a sigmoid grouped top-k with a per-expert e_score_correction_bias that the "
+    "gate owns and the fused-MoE experts share (the regression corpus's routing-bias entry; not in the zoo grid)",
+    # transformers' DeepseekV3Config has no fields for them; vLLM reads both from config.json.
+    extra=(("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")),
+)
+"""A tiny DeepSeek-V3 (noaux_tc routing with a correction bias), for the regression corpus."""
+
+ALL_FAMILIES: tuple[Family, ...] = (
+    FAMILIES + TIED_FAMILIES + KV_FAMILIES + KV_FIXTURE_FAMILIES + (HUNYUAN_V3, DEEPSEEK_V3)
+)
 
 
 @dataclass(frozen=True)
@@ -444,14 +461,26 @@ ONLINE_QUANT_FAMILIES: tuple[Family, ...] = (
 """Online quantization: float checkpoints run with a ``quantization`` engine argument (the
 engine quantizes at load and again on every reload)."""
 
+QWEN2_ONLINE_FP8 = replace(
+    next(f for f in FAMILIES if f.label == "qwen2"),
+    label="qwen2-online-fp8",
+    covers="the tiny Qwen2 (QKV biases) quantized online (quantization=fp8_per_channel): the linear layers' "
+    "biases pass through unquantized (the regression corpus's online-quantization bias entry; not in the "
+    "quantized grid)",
+    engine_args=encode({"quantization": "fp8_per_channel"}),
+    dense=False,
+)
+"""Qwen2 with online fp8, the model of the shipped report of a bias lost to online quantization."""
+
 
 def family(label: str) -> Family:
     from harness.errors import CheckpointError
 
-    for f in ALL_FAMILIES + ONLINE_QUANT_FAMILIES:
+    runnable = ALL_FAMILIES + ONLINE_QUANT_FAMILIES + (QWEN2_ONLINE_FP8,)
+    for f in runnable:
         if f.label == label:
             return f
-    known = [f.label for f in ALL_FAMILIES + ONLINE_QUANT_FAMILIES + QUANTIZED_FAMILIES + QUANT_FIXTURE_FAMILIES]
+    known = [f.label for f in runnable + QUANTIZED_FAMILIES + QUANT_FIXTURE_FAMILIES]
     raise CheckpointError(f"unknown zoo family {label!r}; available: {known}")
 
 
@@ -506,6 +535,11 @@ def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
                 p.copy_(fam.neutral_norm + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias") and p.is_floating_point():
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+        # transformers keeps DeepSeek-V3's routing bias a zero buffer: drawn like a bias, after the
+        # parameters so no other family's draws move.
+        for name, b in hf_model.named_buffers():
+            if name.endswith(".e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=gen))
     hf_model.save_pretrained(str(staging), safe_serialization=True)
     cfg = json.loads((staging / "config.json").read_text())
     cfg["architectures"] = [fam.architecture]

@@ -28,6 +28,7 @@ from pathlib import Path
 from harness.judge.evaluation import Evaluation
 from harness.orchestrate.execute import Progress
 from harness.spec.build import BuildSpec
+from harness.spec.engine_config import EngineArgs
 from harness.spec.regressions import Entry
 from harness.spec.run import EngineSpec, RunSpec
 
@@ -130,6 +131,17 @@ def resolve_model(model: str) -> str:
 
         return str(fp8_kv_scales(Path(resolve_model(name))))
     raise ValueError(f"unknown model {model!r}")
+
+
+def model_engine_args(model: str) -> EngineArgs:
+    """The engine arguments an entry's model is always run with: a zoo family's own (online
+    quantization, an fp8 KV cache); none for any other model."""
+    from harness.checkpoints.zoo import family, quantized_family
+
+    kind, _, name = model.partition(":")
+    if kind != "zoo" or quantized_family(name) is not None:
+        return ()
+    return family(name).engine_args
 
 
 def evidence_of(ev: Evaluation, path: str) -> tuple[dict[str, list[str]], str]:
@@ -299,7 +311,8 @@ def run_regressions(
         if e.run and not status:
             model = resolve_model(e.exposure.model)
             key = (e.exposure.model, e.exposure.dtype)
-            run = RunSpec(model=model, paths=e.exposure.paths, engine=EngineSpec(dtype=e.exposure.dtype))
+            engine = EngineSpec(dtype=e.exposure.dtype, engine_args=model_engine_args(e.exposure.model))
+            run = RunSpec(model=model, paths=e.exposure.paths, engine=engine)
             if key not in stock_runs:
                 slug = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{e.exposure.model}-{e.exposure.dtype}")
                 where = out / "stock" / slug

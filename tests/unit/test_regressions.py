@@ -130,6 +130,19 @@ def test_every_corpus_entry_is_valid_and_its_patches_apply_to_the_installed_vllm
                 assert (tmp_path / e.id / rel).read_text() != (VLLM.parent / rel).read_text(), (e.id, rel)
 
 
+def test_a_zoo_model_runs_with_its_family_engine_arguments_and_no_other_model_gets_any():
+    """An entry's online-quantized model is the family's checkpoint plus its engine argument: without
+    the argument the engine would load it unquantized, and the entry would test other code."""
+    import json
+
+    from harness.orchestrate.regressions import model_engine_args
+
+    assert json.loads(dict(model_engine_args("zoo:qwen2-online-fp8"))["quantization"]) == "fp8_per_channel"
+    assert json.loads(dict(model_engine_args("zoo:qwen3-fp8kv"))["kv_cache_dtype"]) == "fp8"
+    for model in ("zoo:qwen2", "zoo:deepseek-v3", "zoo:llama-gptq-int4", "tiny-qwen3", "fp8kv:tiny-qwen3"):
+        assert model_engine_args(model) == (), model
+
+
 def test_a_corpus_entry_is_validated_with_one_line_errors(tmp_path):
     from harness.errors import UsageError
     from harness.spec.regressions import load_entry
