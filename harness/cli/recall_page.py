@@ -22,14 +22,30 @@ def add_parsers(sub) -> None:
         help="output directories of 'refit-harness run -s regressions', one per vLLM version (a column each)",
     )
     p.add_argument("--docs", default="docs", help="where recall.md and recall.json go (default: docs)")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="re-measure some entries: put each run's entries into the committed record of its vLLM version "
+        "(DOCS/recall.json), replacing those it ran and adding new ones, instead of starting the page anew",
+    )
 
 
 def cmd_recall_page(args: argparse.Namespace) -> int:
     from harness.orchestrate.regressions import RECORD
-    from harness.report.recall import headline, load_record, page
+    from harness.errors import UsageError
+    from harness.report.recall import headline, load_page_records, load_record, page, updated_record
 
-    records = [load_record(Path(run) / RECORD) for run in args.runs]
+    runs = [load_record(Path(run) / RECORD) for run in args.runs]
     docs = Path(args.docs)
+    records = runs
+    if args.update:
+        records = load_page_records(docs / "recall.json")
+        for run in runs:
+            version = run["stock"].get("vllm")
+            at = next((i for i, r in enumerate(records) if r["stock"].get("vllm") == version), None)
+            if at is None:
+                raise UsageError(f"{docs / 'recall.json'} has no record of vLLM {version} to update")
+            records[at] = updated_record(records[at], run)
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "recall.json").write_text(json.dumps(records, indent=2) + "\n")
     (docs / "recall.md").write_text(page(records))

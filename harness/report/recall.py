@@ -131,8 +131,7 @@ def page(records: list[dict]) -> str:
 {headline(record)}
 
 Measured by `refit-harness run -s regressions` on {m.get("cpu", "?")} ({m.get("cpus", "?")} CPUs,
-{m.get("isa", "")}), harness commit `{record.get("harness_commit", "")}`, started
-{record["started"]}, {record["seconds"]:.0f} s in all.
+{m.get("isa", "")}), {_measured_by(record)}
 
 {table(record)}"""
         )
@@ -221,6 +220,64 @@ def _check(record: object, where: Path) -> dict:
     if not isinstance(record, dict) or record.get("schema_version") not in (1, 2) or "entries" not in record:
         raise UsageError(f"{where}: not a regressions record of schema 1 or 2")
     return record
+
+
+def _share(caught: int, total: int) -> dict:
+    return {"caught": caught, "total": total, "value": round(caught / total, 3) if total else 0.0}
+
+
+def updated_record(record: dict, rerun: dict) -> dict:
+    """``record`` with the entries of ``rerun`` (a later run of some entries, on the same vLLM and
+    CPU) put in place of its own by id, and new ones appended; recall and ``all_met`` recomputed
+    from the entries, and each contributing run kept in ``runs`` (when, which commit, which
+    entries), so the page says which rows were measured by which run."""
+    from harness.errors import UsageError
+
+    for key, what in (("stock", "vllm"), ("machine", "cpu")):
+        if record[key].get(what) != rerun[key].get(what):
+            raise UsageError(
+                f"cannot update a record of {key} {what} {record[key].get(what)!r} with a run on "
+                f"{rerun[key].get(what)!r}: give that run as a page of its own"
+            )
+    fresh = {e["id"]: e for e in rerun["entries"]}
+    entries = [fresh.pop(e["id"], e) for e in record["entries"]] + list(fresh.values())
+
+    def run_of(r: dict) -> list[dict]:
+        return r.get("runs") or [
+            {k: r.get(k) for k in ("started", "seconds", "harness_commit")}
+            | {"entries": [e["id"] for e in r["entries"]]}
+        ]
+
+    redone = {e["id"] for e in rerun["entries"]}
+    runs = [run | {"entries": [i for i in run["entries"] if i not in redone]} for run in run_of(record)] + run_of(rerun)
+    counted = [e for e in entries if e.get("status") != "masked"]
+    executable = [e for e in counted if e.get("executable", e["ran"])]
+    return record | {
+        "entries": entries,
+        "runs": [run for run in runs if run["entries"]],
+        "seconds": sum(run["seconds"] for run in runs if run["entries"]),
+        "all_met": all(e["met"] for e in entries),
+        "recall": {
+            **_share(sum(e["caught"] for e in counted), len(counted)),
+            "executable": _share(sum(e["caught"] for e in executable), len(executable)),
+            "skipped": sum(e.get("status") == "skipped" for e in entries),
+            "masked": sum(e.get("status") == "masked" for e in entries),
+        },
+    }
+
+
+def _measured_by(record: dict) -> str:
+    runs = record.get("runs")
+    if not runs or len(runs) == 1:
+        return (
+            f"harness commit `{record.get('harness_commit', '')}`, started\n{record['started']}, "
+            f"{record['seconds']:.0f} s in all."
+        )
+    return f"{len(runs)} runs, {record['seconds']:.0f} s in all:\n\n" + "\n".join(
+        f"- started {run['started']}, harness commit `{run['harness_commit']}`, {run['seconds']:.0f} s: "
+        + ", ".join(run["entries"])
+        for run in runs
+    )
 
 
 def load_record(path: Path) -> dict:

@@ -387,56 +387,61 @@ def test_the_retried_feed_sends_every_bucket_twice_in_a_row_ending_on_the_target
     assert dict(feed) == {"gate": 1, "up": 2, "down": 3}  # the last value of each name is the target's
 
 
+def _page_entry(i, status, detail="", ran=True, executable=True):
+    return {
+        "id": i,
+        "title": "t",
+        "fix": "https://github.com/vllm-project/vllm/pull/1",
+        "issue": "",
+        "model": "tiny-qwen3",
+        "paths": ["reload_weights"],
+        "ran": ran,
+        "status": status,
+        "executable": executable,
+        "fidelity": "stand-in" if i == "b" else "faithful",
+        "fidelity_note": "symptom only",
+        "patches": [],
+        "patched": [],
+        "stock": [],
+        "evidence": ["tensor"] if status == "caught" else [],
+        "detail": detail or "x",
+        "caught": status == "caught",
+        "expected_caught": True,
+        "met": True,
+        "unmet": [],
+        "seconds": 1.0,
+        "patched_run": "",
+        "stock_run": "",
+    }
+
+
+def _page_record(version, entries, recall):
+    return {
+        "schema_version": 2,
+        "stock": {"vllm": version},
+        "machine": {},
+        "started": "now",
+        "seconds": 1.0,
+        "all_met": True,
+        "recall": recall,
+        "entries": entries,
+    }
+
+
 def test_the_recall_page_has_a_column_per_vllm_version_with_skipped_and_masked_cells():
     from harness.report.recall import by_version, headline, page
 
-    def entry(i, status, detail="", ran=True, executable=True):
-        return {
-            "id": i,
-            "title": "t",
-            "fix": "https://github.com/vllm-project/vllm/pull/1",
-            "issue": "",
-            "model": "tiny-qwen3",
-            "paths": ["reload_weights"],
-            "ran": ran,
-            "status": status,
-            "executable": executable,
-            "fidelity": "stand-in" if i == "b" else "faithful",
-            "fidelity_note": "symptom only",
-            "patches": [],
-            "patched": [],
-            "stock": [],
-            "evidence": ["tensor"] if status == "caught" else [],
-            "detail": detail or "x",
-            "caught": status == "caught",
-            "expected_caught": True,
-            "met": True,
-            "unmet": [],
-            "seconds": 1.0,
-            "patched_run": "",
-            "stock_run": "",
-        }
-
-    def record(version, entries, recall):
-        return {
-            "schema_version": 2,
-            "stock": {"vllm": version},
-            "machine": {},
-            "started": "now",
-            "seconds": 1.0,
-            "all_met": True,
-            "recall": recall,
-            "entries": entries,
-        }
-
-    old = record(
+    old = _page_record(
         "0.32.0",
-        [entry("a", "caught"), entry("b", "caught")],
+        [_page_entry("a", "caught"), _page_entry("b", "caught")],
         {"caught": 2, "total": 2, "value": 1.0, "executable": {"caught": 2, "total": 2, "value": 1.0}},
     )
-    new = record(
+    new = _page_record(
         "0.34.0",
-        [entry("a", "skipped", "its patch does not apply", ran=False), entry("b", "masked", "zero-filled", ran=False)],
+        [
+            _page_entry("a", "skipped", "its patch does not apply", ran=False),
+            _page_entry("b", "masked", "zero-filled", ran=False),
+        ],
         {
             "caught": 0,
             "total": 1,
@@ -453,3 +458,31 @@ def test_the_recall_page_has_a_column_per_vllm_version_with_skipped_and_masked_c
     assert "1 SKIPPED, 1 masked" in headline(new) and "**0 of 1**" in headline(new)
     text = page([old, new])
     assert "**stand-in**: symptom only" in text and "## vLLM 0.34.0" in text
+
+
+def test_a_rerun_of_some_entries_updates_the_record_of_its_version():
+    from harness.errors import UsageError
+    from harness.report.recall import page, updated_record
+
+    ok = {"caught": 1, "total": 1, "value": 1.0, "executable": {"caught": 1, "total": 1, "value": 1.0}}
+    committed = _page_record("0.32.0", [_page_entry("a", "caught"), _page_entry("b", "missed")], ok) | {
+        "harness_commit": "old",
+        "seconds": 10.0,
+    }
+    rerun = _page_record("0.32.0", [_page_entry("b", "caught"), _page_entry("c", "missed", executable=False)], ok) | {
+        "harness_commit": "new",
+        "started": "later",
+        "seconds": 5.0,
+    }
+    merged = updated_record(committed, rerun)
+    assert [(e["id"], e["status"]) for e in merged["entries"]] == [("a", "caught"), ("b", "caught"), ("c", "missed")]
+    assert merged["recall"]["caught"] == 2 and merged["recall"]["total"] == 3
+    assert merged["recall"]["executable"] == {"caught": 2, "total": 2, "value": 1.0}
+    assert [(r["harness_commit"], r["entries"]) for r in merged["runs"]] == [("old", ["a"]), ("new", ["b", "c"])]
+    assert merged["seconds"] == 15.0
+    text = page([merged])
+    assert "- started now, harness commit `old`, 10 s: a" in text and "harness commit `new`, 5 s: b, c" in text
+    unmet = rerun | {"entries": [_page_entry("b", "missed") | {"met": False}]}
+    assert updated_record(committed, unmet)["all_met"] is False
+    with pytest.raises(UsageError, match="give that run as a page of its own"):
+        updated_record(committed, rerun | {"stock": {"vllm": "0.34.0"}})
