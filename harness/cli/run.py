@@ -465,9 +465,9 @@ def throughput_of(text: str | None) -> ThroughputSpec | None:
 
 def builds_of(args: argparse.Namespace):
     """``--build`` values, checked: unique names, an interpreter with vLLM in it."""
-    from harness.builds.crossbuild import parse_expectation
     from harness.builds.engine_deps import ensure_engine_deps
     from harness.builds.venvs import describe, parse_build
+    from harness.judge.crossbuild import parse_expectation
 
     specs = [parse_build(b) for b in args.build]
     names = [b.name for b in specs]
@@ -527,7 +527,7 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
 
 def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     from harness.orchestrate.matrix import run_matrix
-    from harness.orchestrate.regressions import RegressionsSpec
+    from harness.spec.regressions import RegressionsSpec
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 

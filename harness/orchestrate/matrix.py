@@ -8,13 +8,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from harness.checkpoints.builders import with_model
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation
 from harness.orchestrate.execute import ArmEvents, Progress, execute
 from harness.orchestrate.fanout import FanoutSpec
 from harness.spec.build import BuildSpec
 from harness.spec.run import RunSpec
-from harness.spec.scenario import CellGroup, ScenarioSpec, resolve_model
+from harness.spec.scenario import CellGroup, ScenarioSpec
 
 
 def build_sequence(build_specs: tuple[BuildSpec, ...], noise_arg: str | None):
@@ -63,7 +64,7 @@ def compare_runs(
     import shlex
     import sys
 
-    from harness.builds.crossbuild import compare_builds, parse_expectation
+    from harness.judge.crossbuild import compare_builds, parse_expectation
     from harness.report.compare_page import write_comparison
     from harness.report.provenance import run_provenance
 
@@ -107,7 +108,7 @@ def run_group(
     its evaluation. ``amend`` adds what the command line gives every cell."""
     from harness.report import write_reports
 
-    group = resolve_model(group, model)
+    group = with_model(group, model)
     spec = amend(replace(group.spec, build=build) if build else group.spec)
     evaluation = execute(spec, out, progress, fan=fan, resume=resume, reuse_reference=reuse_reference, events=events)
     write_reports(evaluation, out)
@@ -167,7 +168,7 @@ def run_matrix(
                     if (where / group.id / "run.json").exists():
                         ev = evaluate(where / group.id)
                         write_reports(ev, where / group.id)
-                        results.append((resolve_model(group, model), ev))
+                        results.append((with_model(group, model), ev))
                     return write_matrix(out, matrix_summary(scenario.name, per_build))
 
                 on_interrupt(exc, write)

@@ -59,14 +59,15 @@ def plan_cells(
 def scenario_request(scenario, gpus: tuple[int, ...], model: str | None = None) -> tuple[PreflightRequest, list[str]]:
     """The request for every cell group of ``scenario`` (its model, or ``model``), and notes on
     where each model's config came from."""
+    from harness.checkpoints.builders import with_model
     from harness.checkpoints.standin import standin
-    from harness.spec.scenario import expand, resolve_model
+    from harness.spec.scenario import expand
 
     cells: list[PreflightCell] = []
     notes: list[str] = []
     made: dict[tuple[str, str], tuple] = {}
     for group in expand(scenario):
-        source = model or (resolve_model(group).spec.model if group.model.builder else group.model.path or "")
+        source = model or (with_model(group).spec.model if group.model.builder else group.model.path or "")
         key = (source, group.spec.engine.dtype)
         if key not in made:
             made[key] = standin(source, group.spec.engine.dtype)

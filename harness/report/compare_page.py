@@ -10,7 +10,7 @@ from pathlib import Path
 
 from markupsafe import Markup, escape
 
-from harness.builds.crossbuild import NO_DIFFERENCE, BuildComparison
+from harness.judge.crossbuild import NO_DIFFERENCE, BuildComparison
 from harness.report.render import render
 from harness.report.style import ICON, REPORT_SCHEMA_VERSION
 from harness.store import to_jsonable

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -241,3 +242,15 @@ def load_corpus(root: Path) -> tuple[Entry, ...]:
     if not entries:
         raise UsageError(f"{root}: the regression corpus has no entry")
     return entries
+
+
+@dataclass(frozen=True)
+class RegressionsSpec:
+    """The regression corpus as a scenario (``refit-harness run -s regressions``)."""
+
+    name: str
+    """Registry name."""
+    description: str
+    """One line for ``refit-harness list``."""
+    corpus: str
+    """Directory holding one sub-directory per entry."""

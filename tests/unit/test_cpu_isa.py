@@ -235,7 +235,7 @@ def _with_cpu(ev, cpu: CpuCapabilities, kernels=()):
 
 
 def test_two_builds_on_cpus_with_other_kernel_branches_are_refused_unless_allowed():
-    from harness.builds.crossbuild import compare_builds
+    from harness.judge.crossbuild import compare_builds
     from tests.unit.test_crossbuild import evaluation
 
     spr = cpu_isa.host_capabilities(cpuinfo=XEON_SPR, arch="x86_64")

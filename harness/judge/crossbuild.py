@@ -529,10 +529,11 @@ def token_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tu
     b, p = _cold(base), _cold(pr)
     if b is None or p is None:
         return ()
-    if base2 is not None and _cold(base2) is not None:
-        floor, source = {d.prompt: d for d in compare_outputs("noise", _cold(base2), b)}, "base2"
-    elif _cold(base, "noise") is not None:
-        floor, source = {d.prompt: d for d in compare_outputs("noise", _cold(base, "noise"), b)}, "cold B twice in base"
+    b2, noise = (_cold(base2) if base2 is not None else None), _cold(base, "noise")
+    if b2 is not None:
+        floor, source = {d.prompt: d for d in compare_outputs("noise", b2, b)}, "base2"
+    elif noise is not None:
+        floor, source = {d.prompt: d for d in compare_outputs("noise", noise, b)}, "cold B twice in base"
     else:
         floor, source = {}, "none"
     rows = []
@@ -728,16 +729,16 @@ def hook_rows(base: Evaluation, pr: Evaluation) -> tuple[HookRow, ...]:
             counts[key] = counts.get(key, 0) + 1
         ran: dict[tuple[str, str], int] = {}
         subject = _arm(ev, "subject")
-        owners = {
+        owners: dict[tuple[str, str], str] = {
             (h.module, h.kind): h.owner
             for h in (subject.observations[0].hooks if subject and subject.observations else ())
         }
         for c in ev.comparisons:
             per: dict[tuple[str, str], int] = {}
-            for h in c.hooks:
-                if h.runs > 0:
-                    key = (_owner(h.module, owners.get((h.module, h.kind), "")), h.kind)
-                    per[key] = per.get(key, 0) + 1
+            for run in c.hooks:
+                if run.runs > 0:
+                    owned = (_owner(run.module, owners.get((run.module, run.kind), "")), run.kind)
+                    per[owned] = per.get(owned, 0) + 1
             for k, n in per.items():
                 ran[k] = max(ran.get(k, 0), n)
         return counts, ran
@@ -817,7 +818,7 @@ def throughput_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) 
         b, p, b2 = per["base"].get(point), per["pr"].get(point), per["base2"].get(point)
         floor = [x for q in (b, b2) if q for x in q.samples]
         lo, hi = (min(floor), max(floor)) if floor else (None, None)
-        if p is None or b is None:
+        if p is None or b is None or lo is None or hi is None:
             outcome = "not measured"
         elif lo <= p.median <= hi:
             outcome = NO_DIFFERENCE
@@ -850,13 +851,10 @@ def accuracy_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) ->
     judged = {label: judge_run(ev.arms, ev.record.spec.accuracy) if ev else None for label, ev in runs.items()}
     per: dict[str, dict[str, list]] = {}
     for label, j in judged.items():
-        for p in j.points if j else ():
-            per.setdefault(label, {}).setdefault(p.point, []).append(p)
+        for judged_point in j.points if j else ():
+            per.setdefault(label, {}).setdefault(judged_point.point, []).append(judged_point)
     base_points, pr_points = per.get("base", {}), per.get("pr", {})
-    no_power = any(
-        judged[label] is not None and judged[label].points and not judged[label].discriminates
-        for label in ("base", "pr", "base2")
-    )
+    no_power = any(j is not None and j.points and not j.discriminates for j in judged.values())
 
     def mean(points) -> float | None:
         return sum(p.accuracy for p in points) / len(points) if points else None
@@ -867,7 +865,7 @@ def accuracy_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) ->
         floor = [q.accuracy for q in (b or []) + (b2 or [])]
         lo, hi = (min(floor), max(floor)) if floor else (None, None)
         mb, mp = mean(b), mean(p)
-        if mb is None or mp is None:
+        if mb is None or mp is None or lo is None or hi is None:
             outcome = "not measured"
         elif no_power:
             outcome = NO_POWER
