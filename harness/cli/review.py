@@ -63,9 +63,10 @@ def add_parsers(sub) -> None:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
+    from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
     from harness.builds.review import review_markdown, split_diff
-    from harness.builds.venvs import create_patched_build, describe, interpreter
+    from harness.builds.venvs import describe, interpreter
     from harness.cli import build_parser
     from harness.cli.run import cmd_run
     from harness.spec.build import BuildSpec

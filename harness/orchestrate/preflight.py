@@ -27,8 +27,8 @@ def plan_cells(
     """One ``PreflightCell`` per GPU count: the cell's arms as the planner makes them on a
     machine of that many GPUs, and the paths it would SKIP there, with the reason. LoRA paths
     get ``adapters``, or the harness's own adapters for the checkpoint (made from its headers)."""
-    from harness.orchestrate.execute import resolve_engine, resolve_prompts, unavailable_paths
     from harness.orchestrate.fanout import FanoutSpec, arm_resources
+    from harness.orchestrate.resolve import resolve_engine, resolve_prompts, unavailable_paths
     from harness.paths import PATHS
 
     classes = {p: PATHS.get(p) for p in spec.paths}

@@ -76,8 +76,9 @@ def run_regressions(
 ) -> dict:
     """Run every entry (patched and stock) and write ``regressions.json``, ``regressions.md``,
     ``regressions.csv`` and ``summary.json`` in ``out``; returns the summary."""
+    from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
-    from harness.builds.venvs import create_patched_build, describe
+    from harness.builds.venvs import describe
     from harness.judge.evaluate import evaluate
     from harness.orchestrate.execute import execute
     from harness.report import write_reports

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.report.markdown import md_code, md_text
 from harness.report.style import ICON
-from harness.report.summary import md_code, md_text
 
 PROVENANCE = ("vllm", "torch", "device", "cpu_capabilities", "cpu_model", "git_sha", "started")
 """Environment facts a grid names, where its records have them."""

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from harness.judge import exit_codes
 from harness.judge.evaluation import Evaluation
+from harness.report.markdown import md_code, md_text
 from harness.report.render import ENV, render
 from harness.report.style import REPORT_SCHEMA_VERSION
-from harness.report.summary import md_code, md_text
 from harness.spec.engine_config import shown_items
 from harness.spec.scenario import CellGroup
 from harness.store import write_atomic

