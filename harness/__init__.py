@@ -23,7 +23,8 @@ The code follows the data, one way, across three processes:
   kernel-input recorder, the planted-bug fixtures, the vLLM plugin, vLLM's private API, and
   ``vllm_compat``, the one adapter that holds every fork between vLLM versions).
 - Shared by every process (the contract between them): ``spec/`` (what to run), ``plan``,
-  ``records`` and ``store`` (what arms record, versioned), ``errors``, ``settings``, ``cache``
+  ``records`` and ``store`` (what arms record, versioned), ``run_dir`` (where a run's records
+  and reports lie: the one owner of every file name in it), ``errors``, ``settings``, ``cache``
   (the one way to write into the shared cache),
   ``registry``, ``device``, ``tokenizer``, ``loopback``, ``safetensors_files``, ``ray_local``.
 

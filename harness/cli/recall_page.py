@@ -25,10 +25,10 @@ def add_parsers(sub) -> None:
 
 
 def cmd_recall_page(args: argparse.Namespace) -> int:
-    from harness.orchestrate.regressions import RECORD
     from harness.report.recall import headline, load_record, page
+    from harness.run_dir import RunDir
 
-    records = [load_record(Path(run) / RECORD) for run in args.runs]
+    records = [load_record(RunDir(Path(run)).regressions_record) for run in args.runs]
     docs = Path(args.docs)
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "recall.json").write_text(json.dumps(records, indent=2) + "\n")

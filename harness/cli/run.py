@@ -15,6 +15,7 @@ from harness.cli.common import exit_for, interrupted, positive_float, positive_i
 from harness.cpu_isa import LEVEL_CHOICES, NATIVE, override_from_env
 from harness.errors import BuildError, UsageError
 from harness.orchestrate.execute import ArmEvents, Progress
+from harness.run_dir import INDEX_HTML, RunDir
 from harness.settings import CPU_ISA_ENV
 from harness.spec.engine_config import RELOAD_MODES
 from harness.spec.run import (
@@ -262,7 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         out = set_out(Path(args.resume))
         try:
-            spec = store.load(RunRecord, out / "run.json", "run_record").spec
+            spec = store.load(RunRecord, RunDir(out).record, "run_record").spec
         except store.SchemaError as exc:
             raise store.SchemaError(f"cannot resume {out}: {exc}") from None
     else:
@@ -276,11 +277,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 spec, out, say, fan=fan, resume=bool(args.resume), reuse_reference=args.reuse_reference, events=events
             )
     except KeyboardInterrupt as exc:
-        return interrupted(exc, lambda: write_reports(evaluate(out), out)["index.html"])
+        return interrupted(exc, lambda: write_reports(evaluate(out), out)[INDEX_HTML])
     files = write_reports(evaluation, out)
     for v in evaluation.verdicts:
         progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
-    print(f"report: {files['index.html'].resolve()}")
+    print(f"report: {files[INDEX_HTML].resolve()}")
     return exit_for(evaluation.exit_code, [v.path for v in evaluation.verdicts if v.status.value == "ERROR"], out)
 
 
@@ -552,7 +553,7 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     out = set_out(
         Path(args.out or args.resume or Path("reports") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
-    if args.resume and (out / "run.json").exists():
+    if args.resume and RunDir(out).record.exists():
         raise UsageError(
             f"cannot resume {out} as scenario {scenario.name!r}: it holds a single run; "
             f"resume it without -s (refit-harness run --resume {out})"
@@ -639,5 +640,5 @@ def run_regressions_scenario(spec, args: argparse.Namespace, fan, build_specs=()
         + (f"; {r['masked']} masked on this vLLM" if r["masked"] else "")
         + f"; expectations {'all met' if summary['all_met'] else 'NOT all met'}"
     )
-    print(f"report: {(out / 'regressions.md').resolve()}")
+    print(f"report: {RunDir(out).regressions_md.resolve()}")
     return summary["exit_code"]

@@ -32,6 +32,7 @@ from harness.orchestrate.reference import ReferenceInputs
 from harness.orchestrate.resolve import resolve_engine, resolve_prompts, unavailable_paths
 from harness.plan import ArmPlan, PathNeeds, Plan, make_plan
 from harness.records import ArmResult
+from harness.run_dir import RunDir
 from harness.settings import DEFAULT_CACHE, PREFLIGHT_ENV
 from harness.spec.run import RunSpec
 
@@ -130,14 +131,14 @@ def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress, adapters=Non
     cells = preflight.plan_cells("run", spec, cs, (gpus or needed,), resolve=spec, adapters=adapters)
     progress(f"preflight: engine args, KV cache, trainers and Ray placement on {gpus or needed} GPU(s)")
     findings = preflight.run(PreflightRequest(scenario="run", cells=cells), spec.build.python if spec.build else None)
-    store.dump(findings, out / "preflight.json", "preflight_findings")
+    store.dump(findings, RunDir(out).preflight, "preflight_findings")
     problems = preflight.problems(findings)
     for f in problems:
         progress(f.line())
     if problems:
         raise UsageError(
             f"the preflight found {len(problems)} problem(s) before any engine started (first: {problems[0].line()}); "
-            f"see {out / 'preflight.json'}"
+            f"see {RunDir(out).preflight}"
         )
 
 
@@ -183,8 +184,8 @@ def prepare(
 
     resolved = validate(spec)
     on_disk = None
-    if resume and (out / "run.json").exists():
-        on_disk = store.load(RunRecord, out / "run.json", "run_record")
+    if resume and RunDir(out).record.exists():
+        on_disk = store.load(RunRecord, RunDir(out).record, "run_record")
         diff = first_difference(store.to_jsonable(on_disk.spec), store.to_jsonable(spec))
         if diff:
             raise UsageError(
@@ -192,7 +193,7 @@ def prepare(
                 f"own options, or use a new --out"
             )
     # Full weight copies of arms that were killed before they could clean up.
-    shutil.rmtree(out / "scratch", ignore_errors=True)
+    shutil.rmtree(RunDir(out).scratch_dir, ignore_errors=True)
     progress("preparing checkpoints A, B and B' (positive control)")
     try:
         cs = prepare_checkpoints(
@@ -280,7 +281,7 @@ def prepare(
         reference_key=key,
         cpu=host_capabilities(spec.engine.cpu_isa),
     )
-    store.dump(record, out / "run.json", "run_record")
+    store.dump(record, RunDir(out).record, "run_record")
     return record, inputs
 
 
@@ -421,7 +422,7 @@ def execute(
         _run_arms(record, inputs, out, progress, fan, resume, claims, events)
     # When it ended, for the duration on the report's first lines.
     store.dump(
-        replace(record, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), out / "run.json", "run_record"
+        replace(record, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), RunDir(out).record, "run_record"
     )
     return evaluate(out)
 
@@ -437,7 +438,6 @@ def _run_arms(
     events: ArmEvents | None,
 ) -> None:
     from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
-    from harness.settings import arm_files
 
     arms = record.plan.arms
     env = dict(record.arm_env)
@@ -445,14 +445,13 @@ def _run_arms(
     number = {arm.name: i for i, arm in enumerate(arms, 1)}
     todo = []
     for arm in arms:
-        kept = _finished(arm_files(out, arm)[1], keys[arm.name]) if resume else None
+        kept = _finished(RunDir(out).arm(arm).result, keys[arm.name]) if resume else None
         if kept == "ok":
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
         elif arm.name in record.plan.reused and record.reference_key:
-            arm_files(out, arm)[1].parent.mkdir(parents=True, exist_ok=True)
+            RunDir(out).arms_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(
-                reference.cache_dir(record.reference_key, DEFAULT_CACHE) / f"{arm.role}.result.json",
-                arm_files(out, arm)[1],
+                reference.cached_result(record.reference_key, arm.role, DEFAULT_CACHE), RunDir(out).arm(arm).result
             )
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: reused reference {record.reference_key}")
         else:
@@ -461,7 +460,7 @@ def _run_arms(
             todo.append(arm)
 
     if events is not None:
-        events.planned(todo, {a.name: arm_files(out, a)[2] for a in todo})
+        events.planned(todo, {a.name: RunDir(out).arm(a).log for a in todo})
 
     def started(arm: ArmPlan) -> None:
         if events is not None:
@@ -469,7 +468,7 @@ def _run_arms(
         progress(
             f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.stage.removeprefix('cold_')}"
             + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
-            + f" (log: {arm_files(out, arm)[2]})"
+            + f" (log: {RunDir(out).arm(arm).log})"
         )
 
     stored: list[bool] = []
@@ -479,7 +478,7 @@ def _run_arms(
         their key then, not at the end of the run: a run waiting for them starts at once."""
         if stored or inputs is None or not record.reference_key or record.plan.reused:
             return
-        fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
+        fresh = {a.role: (RunDir(out).arm(a).result, keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
         if all(_finished(f, key) == "ok" for f, key in fresh.values()):
             reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)
             progress(f"stored reference {record.reference_key} for reuse")
@@ -534,7 +533,7 @@ def _run_arms(
     finally:
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
         # Their full weight copies too: a killed arm's own cleanup may never run.
-        shutil.rmtree(out / "scratch", ignore_errors=True)
+        shutil.rmtree(RunDir(out).scratch_dir, ignore_errors=True)
 
 
 def _finished(result_file: Path, key: str) -> str | None:

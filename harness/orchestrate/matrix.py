@@ -13,6 +13,7 @@ from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation
 from harness.orchestrate.execute import ArmEvents, Progress, execute
 from harness.orchestrate.fanout import FanoutSpec
+from harness.run_dir import INDEX_HTML, RunDir
 from harness.spec.build import BuildSpec
 from harness.spec.run import RunSpec
 from harness.spec.scenario import CellGroup, ScenarioSpec
@@ -87,7 +88,7 @@ def compare_runs(
             f"expect {e.expectation.build} {e.expectation.verdict} on {e.expectation.cells}: "
             f"{'met' if e.met else 'NOT met'} ({got})"
         )
-    print(f"comparison: {files['index.html'].resolve()}")
+    print(f"comparison: {files[INDEX_HTML].resolve()}")
     return cmp.exit_code
 
 
@@ -165,7 +166,7 @@ def run_matrix(
             except KeyboardInterrupt as exc:
 
                 def write(group=group, where=where, results=results):
-                    if (where / group.id / "run.json").exists():
+                    if RunDir(where / group.id).record.exists():
                         ev = evaluate(where / group.id)
                         write_reports(ev, where / group.id)
                         results.append((with_model(group, model), ev))
@@ -186,6 +187,6 @@ def run_matrix(
                 [relabel(e, labels) for e in expectations],
                 say,
             )
-            comparisons[group.id] = (f"compare/{group.id}/index.html", code)
+            comparisons[group.id] = (f"compare/{group.id}/{INDEX_HTML}", code)
     summary = matrix_summary(scenario.name, per_build, comparisons)
     return summary, write_matrix(out, summary)

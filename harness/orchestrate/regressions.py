@@ -29,12 +29,12 @@ from harness.checkpoints.builders import corpus_model
 from harness.judge.evaluation import Evaluation
 from harness.judge.regressions import Outcome, judge_entry, recall_of
 from harness.orchestrate.execute import Progress
+from harness.run_dir import RunDir
 from harness.spec.build import BuildSpec
 from harness.spec.regressions import Entry, RegressionsSpec
 from harness.spec.run import EngineSpec, RunSpec
 
 SCHEMA_VERSION = 2
-RECORD = "regressions.json"
 
 
 def select(entries: tuple[Entry, ...], only: tuple[str, ...], skip: tuple[str, ...]) -> tuple[Entry, ...]:
@@ -183,7 +183,7 @@ def run_regressions(
         "all_met": all(o.met for o in outcomes),
         "entries": [asdict(o) for o in outcomes],
     }
-    (out / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    RunDir(out).regressions_record.write_text(json.dumps(record, indent=2) + "\n")
     summary = {
         "schema_version": SCHEMA_VERSION,
         "scenario": spec.name,
@@ -199,7 +199,7 @@ def run_regressions(
             for o in outcomes
         },
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    RunDir(out).summary_json.write_text(json.dumps(summary, indent=2) + "\n")
     write_recall(record, out)
     return summary
 
