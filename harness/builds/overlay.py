@@ -137,7 +137,7 @@ def create_overlay_build(
 ) -> Path:
     """Create (or reuse) an overlay of ``vllm_spec`` over ``base_python`` (default: this
     interpreter); returns its launcher. Concurrent callers wait for one writer."""
-    from harness.builds.venvs import describe
+    from harness.builds.venvs import build_facts
     from harness.spec.build import BuildSpec
 
     if not vllm_spec.strip():
@@ -176,7 +176,7 @@ def create_overlay_build(
         wrong = {n: w for n, w in where.items() if not Path(w or "/").resolve().is_relative_to(site)}
         if wrong:
             raise BuildError(f"the overlay's interpreter does not import these from {site}: {wrong}")
-        facts = describe(BuildSpec("overlay", str(launcher)), cache)
+        facts = build_facts(BuildSpec("overlay", str(launcher)), cache)
         requested = next(p for p in packages if p["requested"])
         if facts.get("vllm") != requested["version"]:
             raise BuildError(f"the overlay imports vLLM {facts.get('vllm')}, not {requested['version']}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.builds.overlay import overlay_parts
 from harness.builds.patches import apply_patches, patches_digest
-from harness.builds.venvs import STAMP, describe, interpreter
+from harness.builds.venvs import STAMP, build_facts, interpreter
 from harness.cache import key_lock
 from harness.errors import BuildError
 from harness.settings import DEFAULT_CACHE, OVERLAY_ENV, PATCHES_ENV
@@ -52,7 +52,7 @@ def create_patched_build(
     if not patches:
         raise BuildError("a patched build needs at least one --patch")
     base = interpreter(base_python)
-    facts = base_facts or describe(BuildSpec("base", str(base)), cache)  # given: the caller described it
+    facts = base_facts or build_facts(BuildSpec("base", str(base)), cache)  # given: the caller described it
     if facts.get("vllm_patches"):
         raise BuildError(f"{base} is itself a patched build; patch its base instead, with every patch")
     source = Path(facts["vllm_path"])
@@ -95,7 +95,7 @@ def create_patched_build(
             f'exec "{runs}" "$@"\n'
         )
         python.chmod(0o755)
-        patched = describe(BuildSpec("patched", str(python)), cache)
+        patched = build_facts(BuildSpec("patched", str(python)), cache)
         if Path(patched.get("vllm_path", "")) != site:
             shutil.rmtree(root, ignore_errors=True)
             raise BuildError(f"the patched build's python imports vLLM from {patched.get('vllm_path')}, not {site}")

@@ -114,7 +114,7 @@ def build_env(build: BuildSpec | None, cache: Path = DEFAULT_CACHE) -> dict[str,
     }
 
 
-def describe(build: BuildSpec, cache: Path = DEFAULT_CACHE, timeout: float = 120) -> dict[str, str]:
+def build_facts(build: BuildSpec, cache: Path = DEFAULT_CACHE, timeout: float = 120) -> dict[str, str]:
     """vLLM version, git sha (from an editable checkout's repository, if any) and torch version,
     read by the build's own interpreter without importing vLLM's engine."""
     code = r"""
@@ -245,7 +245,7 @@ def create_build(
             "remove conflicting packages",
             check=False,
         )
-        facts = describe(BuildSpec("build", str(python)), cache)
+        facts = build_facts(BuildSpec("build", str(python)), cache)
         write_atomic(
             root / STAMP,
             json.dumps(
@@ -276,7 +276,7 @@ def create_cpu_source_build(
         build_dir(f"{vllm_spec} cpu-source {','.join(chosen)}", cache),
         STAMP,
         ENGINE_EXTRAS,
-        lambda python: describe(BuildSpec("build", str(python)), cache),
+        lambda python: build_facts(BuildSpec("build", str(python)), cache),
         chosen,
         log=log,
     )

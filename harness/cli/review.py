@@ -66,7 +66,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
     from harness.builds.review import review_markdown, split_diff
-    from harness.builds.venvs import describe, interpreter
+    from harness.builds.venvs import build_facts, interpreter
     from harness.cli import build_parser
     from harness.cli.run import cmd_run
     from harness.run_dir import RunDir
@@ -75,7 +75,7 @@ def cmd_review(args: argparse.Namespace) -> int:
 
     patch = read_patch(args.diff)
     base = interpreter(args.base_env) if args.base_env else Path(sys.executable)
-    facts = describe(BuildSpec("base", str(base)))
+    facts = build_facts(BuildSpec("base", str(base)))
     if facts.get("vllm_patches"):
         raise UsageError(f"--base-env {base} is itself a patched build: give the environment it patches")
     split = split_diff(patch, Path(facts["vllm_path"]), args.fuzz, facts.get("vllm", ""))

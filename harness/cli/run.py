@@ -467,7 +467,7 @@ def throughput_of(text: str | None) -> ThroughputSpec | None:
 def builds_of(args: argparse.Namespace):
     """``--build`` values, checked: unique names, an interpreter with vLLM in it."""
     from harness.builds.engine_deps import ensure_engine_deps
-    from harness.builds.venvs import describe, parse_build
+    from harness.builds.venvs import build_facts, parse_build
     from harness.judge.crossbuild import parse_expectation
 
     specs = [parse_build(b) for b in args.build]
@@ -475,7 +475,7 @@ def builds_of(args: argparse.Namespace):
     if len(set(names)) != len(names):
         raise BuildError(f"--build names must be unique, got {names}")
     for b in specs:
-        facts = describe(b)
+        facts = build_facts(b)
         progress(f"build {b.name}: vLLM {facts['vllm']} · torch {facts.get('torch', '?')} · {b.python}")
         ensure_engine_deps(b, log=progress)  # or refuse now, in one line naming the fix
     for e in args.expect:

@@ -195,6 +195,8 @@ def prepare(
     # Full weight copies of arms that were killed before they could clean up.
     shutil.rmtree(RunDir(out).scratch_dir, ignore_errors=True)
     progress("preparing checkpoints A, B and B' (positive control)")
+    from safetensors import SafetensorError
+
     try:
         cs = prepare_checkpoints(
             spec.model,
@@ -207,7 +209,9 @@ def prepare(
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
-    except Exception as exc:  # safetensors, JSON and OS errors from a damaged checkpoint
+    # A damaged checkpoint: safetensors, JSON (a ValueError) and OS errors. Anything else is a
+    # harness bug, and keeps its traceback (harness.log).
+    except (SafetensorError, OSError, ValueError) as exc:
         raise UsageError(
             f"cannot read the checkpoints ({spec.model}"
             + (f", {spec.target}" if spec.target else "")
@@ -380,9 +384,9 @@ def architecture_of(checkpoint: str) -> str | None:
 def vllm_version_of(spec: RunSpec) -> str | None:
     """The vLLM version the run's arms will import: the build's, or the harness's own."""
     if spec.build is not None and spec.build.python:
-        from harness.builds.venvs import describe
+        from harness.builds.venvs import build_facts
 
-        return describe(spec.build).get("vllm")
+        return build_facts(spec.build).get("vllm")
     version = _vllm_version()
     return version.partition("==")[2] or None
 

@@ -78,7 +78,7 @@ def run_regressions(
     ``regressions.csv`` and ``summary.json`` in ``out``; returns the summary."""
     from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
-    from harness.builds.venvs import describe
+    from harness.builds.venvs import build_facts
     from harness.judge.evaluate import evaluate
     from harness.orchestrate.execute import execute
     from harness.report import write_reports
@@ -86,7 +86,7 @@ def run_regressions(
 
     out.mkdir(parents=True, exist_ok=True)
     base_python = Path(stock_build.python) if stock_build and stock_build.python else Path(sys.executable)
-    base_facts = describe(BuildSpec("stock", str(base_python)))
+    base_facts = build_facts(BuildSpec("stock", str(base_python)))
     version = base_facts.get("vllm", "")
     progress(f"stock vLLM {version} at {base_facts.get('vllm_path')} ({base_python})")
     stock_runs: dict[tuple[str, str], tuple[str, Evaluation]] = {}

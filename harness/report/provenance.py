@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from harness.cpu_isa import describe, same_dispatch
+from harness.cpu_isa import describe_cpu, same_dispatch
 from harness.judge.evaluation import Evaluation
 from harness.report.markdown import md_text
 from harness.store import to_jsonable
@@ -161,7 +161,7 @@ def cpu_summary(ev: Evaluation) -> dict[str, Any]:
 def cpu_line(ev: Evaluation) -> str:
     """The CPU in one line for headers and grids: what vLLM saw, and the kernels it chose."""
     first = _measured_cpu(ev)
-    text = describe(first.cpu if first else ev.record.cpu)
+    text = describe_cpu(first.cpu if first else ev.record.cpu)
     counts = cpu_summary(ev)["kernel_paths"]
     if counts:
         text += "; kernels: " + "; ".join(

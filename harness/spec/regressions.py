@@ -95,7 +95,7 @@ class Exposure(_Frozen):
         raise ValueError(f"model {v!r}: use tiny-qwen3, zoo:<family>, fixture:<Architecture> or fp8kv:<base>")
 
 
-class Expectation(_Frozen):
+class EntryExpectation(_Frozen):
     """What the harness is expected to conclude, patched and stock."""
 
     caught: bool
@@ -123,7 +123,7 @@ class Expectation(_Frozen):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> Expectation:
+    def _consistent(self) -> EntryExpectation:
         if self.caught and (self.patched not in FAILING_VERDICTS or not self.evidence):
             raise ValueError(
                 "a caught bug FAILs on the patched build (ERROR for a loud one, XFAIL for a live bug a known "
@@ -168,7 +168,7 @@ class Entry(_Frozen):
     of theirs hides it): the entry is reported masked there and left out of recall."""
     exposure: Exposure
     """The model and path(s) that expose it."""
-    expect: Expectation
+    expect: EntryExpectation
     """What the harness concludes."""
     run: bool = True
     """False where the patched code cannot execute on this device at all: the patch is still
