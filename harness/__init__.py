@@ -10,9 +10,10 @@ The code follows the data, one way, across three processes:
   - ``orchestrate/``: execute a plan (prepare, run arms locally or on Ray, resume, reference
     cache), and the scenario x builds loop that the CLI and the pytest plugin share.
   - ``checkpoints/``: A, B and B' on disk (read, source, derived, control, perturb, tiny, zoo).
-  - ``judge/``: records -> diffs -> verdicts (evaluate, diff, verdict, accuracy, throughput, exit codes).
+  - ``judge/``: records -> diffs -> verdicts (evaluate, diff, verdict, accuracy, throughput, exit
+    codes), and the comparison of two builds' runs (crossbuild).
   - ``builds/``: vLLM builds as venvs (an overlay, a venv of its own, or vLLM compiled for the
-    CPU from its source distribution), and the comparison of two builds' runs.
+    CPU from its source distribution).
   - ``report/``: HTML, Markdown, JSON and CSV, from an evaluation (records only).
 - Arm process (one engine's lifetime, ``python -m harness.arm.process``): ``arm/`` (the arm,
   its engines, the weight-transfer trainer) runs the ``paths/`` (one kind of refit each). On a
@@ -22,7 +23,8 @@ The code follows the data, one way, across three processes:
   kernel-input recorder, the planted-bug fixtures, the vLLM plugin, vLLM's private API, and
   ``vllm_compat``, the one adapter that holds every fork between vLLM versions).
 - Shared by every process (the contract between them): ``spec/`` (what to run), ``plan``,
-  ``records`` and ``store`` (what arms record, versioned), ``errors``, ``settings``, ``cache``
+  ``records`` and ``store`` (what arms record, versioned), ``run_dir`` (where a run's records
+  and reports lie: the one owner of every file name in it), ``errors``, ``settings``, ``cache``
   (the one way to write into the shared cache),
   ``registry``, ``device``, ``tokenizer``, ``loopback``, ``safetensors_files``, ``ray_local``.
 

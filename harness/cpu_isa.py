@@ -208,7 +208,7 @@ def host_capabilities(override: str = NATIVE, cpuinfo: str | None = None, arch: 
     )
 
 
-def describe(cpu: CpuCapabilities | None) -> str:
+def describe_cpu(cpu: CpuCapabilities | None) -> str:
     """One line for reports: ``x86_64 amx (avx2 avx512_f ... amx_bf16)``, with the override."""
     if cpu is None:
         return "not recorded"

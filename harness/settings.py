@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol
 
 CACHE_ENV = "REFIT_HARNESS_CACHE"
 """Root of every cache (models, derived checkpoints, references, build venvs)."""
@@ -62,29 +61,6 @@ in its environment facts: ``fresh``, ``forked from zygote`` or ``forked from flo
 
 DEFAULT_ARM_TIMEOUT_S = 900.0
 """An arm running longer than this is killed and marked ERROR."""
-
-# The run directory: run.json, reports beside it, one plan/result/log per arm under arms/,
-# and scratch/ for full weight copies (swept after each arm and on start/resume).
-RUN_RECORD = "run.json"
-ARMS_DIR = "arms"
-SCRATCH_DIR = "scratch"
-
-
-class _Named(Protocol):
-    @property
-    def name(self) -> str: ...
-
-
-def arm_files(workdir: Path, arm: _Named) -> tuple[Path, Path, Path]:
-    """An arm's plan, result and log files in a run directory."""
-    base = workdir / ARMS_DIR / arm.name
-    return base.with_suffix(".plan.json"), base.with_suffix(".result.json"), base.with_suffix(".log")
-
-
-def scratch_dir(workdir: Path, arm: _Named) -> Path:
-    """An arm's scratch directory (its full weight copies) in a run directory."""
-    return workdir / SCRATCH_DIR / arm.name
-
 
 CORPUS_ENV = "REFIT_HARNESS_CORPUS"
 """Directory of the regression corpus (one sub-directory per re-injected vLLM bug); default: the

@@ -1,8 +1,8 @@
 """The regression corpus (``regressions/``): vLLM's own fixed refit bugs re-injected as patched
 builds, each run against stock vLLM; ``refit-harness run -s regressions`` prints the recall."""
 
-from harness.orchestrate.regressions import RegressionsSpec
 from harness.settings import CORPUS_DIR
+from harness.spec.regressions import RegressionsSpec
 
 
 def regressions() -> RegressionsSpec:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP_DIRS = ("harness", "scenarios", "tests", "benchmarks", "repro", "examples", "docs", "regressions")
 # A repository path in text: `harness/x/y.py`, docs/z.md, regressions/ENTRY/patch.diff ...
 PATH_RE = re.compile(r"(?<![\w./-])((?:" + "|".join(TOP_DIRS) + r")/[\w./-]*[\w/])")
-# A dotted name in the harness: harness.builds.venvs.ENGINE_EXTRAS
+# A dotted name in the harness: harness.builds.engine_deps.ENGINE_EXTRAS
 MODULE_RE = re.compile(r"(?<![\w.])(harness(?:\.\w+)+)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 FLAG_RE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")

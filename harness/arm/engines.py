@@ -30,6 +30,7 @@ from harness.device import cuda_available
 from harness.plan import ArmPlan
 from harness.records import PromptOutput
 from harness.settings import SCRATCH_ENV
+from harness.spec.checkpoint_set import lora_max_rank
 from harness.spec.run import PromptSpec
 from harness.spec.transfer import RAY_NAMESPACE, TransferLayout, layout
 
@@ -69,7 +70,7 @@ def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[s
         args["enable_sleep_mode"] = True
     if r.lora:
         # One adapter slot: the served adapter is the only one, so a reload cannot land elsewhere.
-        args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_max_rank(served_adapter(arm)))
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=served_max_lora_rank(arm))
     return {**args, **(overrides or {})}
 
 
@@ -107,10 +108,11 @@ def served_adapter(arm: ArmPlan) -> str:
     return arm.adapters.directory(arm.start) if arm.requirements.lora == "adapter" else arm.adapters.a
 
 
-def lora_max_rank(adapter: str) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds the adapter's rank."""
-    rank = int(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"])
-    return next((allowed for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512) if rank <= allowed), rank)
+def served_max_lora_rank(arm: ArmPlan) -> int:
+    """The ``max_lora_rank`` of the arm's engine: the smallest vLLM accepts that holds the rank of
+    the adapter it serves."""
+    rank = int(json.loads((Path(served_adapter(arm)) / "adapter_config.json").read_text())["r"])
+    return lora_max_rank(rank)
 
 
 def transfer_layout(arm: ArmPlan, cuda: bool | None = None) -> TransferLayout:

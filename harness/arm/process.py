@@ -389,7 +389,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
         watchdog = watch_engine_processes(lambda why: save("error", why))
         cpu[0], kernels[0] = worker_dispatch(engine, cpu[0])
         for step in arm.steps:
-            print(f"[{arm.name}] {describe(step)}", flush=True)
+            print(f"[{arm.name}] {describe_step(step)}", flush=True)
             if isinstance(step, Refit):
                 owner = step.owner
                 current[0] = (owner, f"refit {step.target}")
@@ -466,7 +466,7 @@ def root_cause(exc: BaseException) -> BaseException:
 _PROBE_ACTION = {"throughput": "measure", "accuracy": "accuracy"}
 
 
-def describe(step: Step) -> str:
+def describe_step(step: Step) -> str:
     """One line of the arm's log per step."""
     if isinstance(step, Refit):
         return f"refit {step.target} via {step.path}" + (" (sabotaged)" if step.sabotaged else "")

@@ -29,6 +29,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from harness.builds.pip_report import planned_packages
 from harness.cache import cached_variant, write_atomic
 from harness.errors import BuildError
 from harness.settings import DEFAULT_CACHE
@@ -36,6 +37,13 @@ from harness.spec.build import BuildSpec
 
 STAMP = "engine-deps.json"
 SITE = "site"
+
+# Beside vLLM, what the engine side of the harness imports that vLLM does not bring: Ray (the
+# Ray-driven transfer paths), xxhash (the default digest, harness.worker.digest; blake3 is a
+# dependency of vLLM's own), requests-unixsocket2 (the HTTP weight transfer's client; measured:
+# a 0.34 source build without it made that path ERROR) and packaging (the m2n NCCL version check;
+# vLLM brings it only indirectly). An overlay build has them from the base.
+ENGINE_EXTRAS = ("ray[default]>=2.40", "xxhash>=3.4", "requests-unixsocket2>=1.0", "packaging")
 
 _PROBE = r"""
 import importlib.util, json, sys
@@ -59,8 +67,6 @@ def requirement_module(requirement: str) -> str:
 
 
 def engine_requirements() -> tuple[str, ...]:
-    from harness.builds.venvs import ENGINE_EXTRAS
-
     return ENGINE_EXTRAS
 
 
@@ -124,8 +130,6 @@ def ensure_engine_deps(build: BuildSpec, cache: Path = DEFAULT_CACHE, log=print)
     names = ", ".join(requirement_module(r) for r in missing)
 
     def make(staging: Path) -> None:
-        from harness.builds.overlay import planned_packages
-
         report_file = staging / "pip-report.json"
         _pip(build.python, ["install", "--dry-run", "-q", "--report", str(report_file), *missing])
         packages = planned_packages(json.loads(report_file.read_text()))

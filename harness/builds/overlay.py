@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.builds.pip_report import LEFT_OUT, planned_packages
 from harness.cache import cached_variant
 from harness.errors import BuildError
 from harness.settings import DEFAULT_CACHE, OVERLAY_ENV
@@ -44,9 +45,6 @@ from harness.settings import DEFAULT_CACHE, OVERLAY_ENV
 STAMP = "build.json"
 LAUNCHER = "bin/python"
 SITE = "site"
-# PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch (as in a full build).
-LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
-
 _BASE_FACTS = r"""
 import json, platform, sys
 from importlib import metadata
@@ -83,28 +81,6 @@ def overlay_key(vllm_spec: str, base_python: str | Path, base: dict) -> str:
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", vllm_spec).strip("-")[-40:] or "vllm"
     ident = json.dumps([vllm_spec, str(base_python), base["python"], base["distributions"]])
     return f"overlay-{slug}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
-
-
-def planned_packages(report: dict) -> list[dict]:
-    """What pip's ``--report`` would install into the base, less ``LEFT_OUT``: name, version,
-    whether it is the requested vLLM, and where pip found it."""
-    out = []
-    for item in report.get("install", ()):
-        meta = item.get("metadata", {})
-        name = meta.get("name", "")
-        if _normal(name) in LEFT_OUT:
-            continue
-        out.append(
-            {
-                "name": name,
-                "version": meta.get("version", ""),
-                "requested": bool(item.get("requested")),
-                "url": (item.get("download_info") or {}).get("url", ""),
-            }
-        )
-    if not any(p["requested"] for p in out):
-        raise BuildError("pip's resolution installs no requested package: is the requirement already in the base?")
-    return out
 
 
 def describe_overlay(packages: list[dict], base_python: str | Path) -> str:
@@ -161,7 +137,7 @@ def create_overlay_build(
 ) -> Path:
     """Create (or reuse) an overlay of ``vllm_spec`` over ``base_python`` (default: this
     interpreter); returns its launcher. Concurrent callers wait for one writer."""
-    from harness.builds.venvs import describe
+    from harness.builds.venvs import build_facts
     from harness.spec.build import BuildSpec
 
     if not vllm_spec.strip():
@@ -200,7 +176,7 @@ def create_overlay_build(
         wrong = {n: w for n, w in where.items() if not Path(w or "/").resolve().is_relative_to(site)}
         if wrong:
             raise BuildError(f"the overlay's interpreter does not import these from {site}: {wrong}")
-        facts = describe(BuildSpec("overlay", str(launcher)), cache)
+        facts = build_facts(BuildSpec("overlay", str(launcher)), cache)
         requested = next(p for p in packages if p["requested"])
         if facts.get("vllm") != requested["version"]:
             raise BuildError(f"the overlay imports vLLM {facts.get('vllm')}, not {requested['version']}")
@@ -237,10 +213,6 @@ def _where(launcher: Path, names: list[str]) -> dict[str, str]:
     if line is None:
         raise BuildError(f"the overlay's interpreter failed: {proc.stderr.strip()[-400:]}")
     return json.loads(line.split(" ", 1)[1])
-
-
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ installed here. ``split_diff`` takes each file of the diff in turn:
 
 - a file of the installed ``vllm/`` package whose every hunk applies (exactly, or within
   ``fuzz`` context lines when asked) goes into the *testable* diff, rewritten as an exact diff
-  against the installed file, so the patched build (``harness.builds.venvs.create_patched_build``)
+  against the installed file, so the patched build (``harness.builds.patched.create_patched_build``)
   applies it without fuzz;
 - everything else is left out, each file with the reason: tests and docs (not installed),
   C++/CUDA sources (compiled into the wheel's binaries: a source build is needed), new or

@@ -21,25 +21,19 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from harness.builds.engine_deps import ENGINE_EXTRAS
 from harness.cache import key_lock, write_atomic
 from harness.errors import BuildError
-from harness.settings import BUILD_ENV, DEFAULT_CACHE, OVERLAY_ENV, PATCHES_ENV
+from harness.settings import BUILD_ENV, DEFAULT_CACHE
 from harness.spec.build import BuildSpec
 
 HARNESS_PACKAGE = Path(__file__).resolve().parents[1]
-# Beside vLLM, what the engine side of the harness imports that vLLM does not bring: Ray (the
-# Ray-driven transfer paths), xxhash (the default digest, harness.worker.digest; blake3 is a
-# dependency of vLLM's own), requests-unixsocket2 (the HTTP weight transfer's client; measured:
-# a 0.34 source build without it made that path ERROR) and packaging (the m2n NCCL version check;
-# vLLM brings it only indirectly). An overlay build has them from the base.
-ENGINE_EXTRAS = ("ray[default]>=2.40", "xxhash>=3.4", "requests-unixsocket2>=1.0", "packaging")
 # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; text models need none.
 CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
 STAMP = "build.json"
@@ -120,7 +114,7 @@ def build_env(build: BuildSpec | None, cache: Path = DEFAULT_CACHE) -> dict[str,
     }
 
 
-def describe(build: BuildSpec, cache: Path = DEFAULT_CACHE, timeout: float = 120) -> dict[str, str]:
+def build_facts(build: BuildSpec, cache: Path = DEFAULT_CACHE, timeout: float = 120) -> dict[str, str]:
     """vLLM version, git sha (from an editable checkout's repository, if any) and torch version,
     read by the build's own interpreter without importing vLLM's engine."""
     code = r"""
@@ -251,7 +245,7 @@ def create_build(
             "remove conflicting packages",
             check=False,
         )
-        facts = describe(BuildSpec("build", str(python)), cache)
+        facts = build_facts(BuildSpec("build", str(python)), cache)
         write_atomic(
             root / STAMP,
             json.dumps(
@@ -282,7 +276,7 @@ def create_cpu_source_build(
         build_dir(f"{vllm_spec} cpu-source {','.join(chosen)}", cache),
         STAMP,
         ENGINE_EXTRAS,
-        lambda python: describe(BuildSpec("build", str(python)), cache),
+        lambda python: build_facts(BuildSpec("build", str(python)), cache),
         chosen,
         log=log,
     )
@@ -297,106 +291,3 @@ def _step(log, cmd: list[str], what: str, check: bool = True) -> None:
     if check and proc.returncode != 0:
         tail = "\n".join(ln for ln in (proc.stderr or proc.stdout).splitlines() if "WARNING: Location" not in ln)
         raise BuildError(f"{what} failed (exit {proc.returncode}): {tail.strip()[-800:]}")
-
-
-# --- patched builds: an overlay of a build's vLLM with unified diffs applied ----------------
-
-
-def patched_key(base_python: Path, facts: dict[str, str], patches) -> str:
-    """Directory name of a patched build: the base environment and the patches' digests, in order."""
-    from harness.builds.patches import patches_digest
-
-    ident = f"{base_python}\n{facts.get('vllm')}\n{facts.get('vllm_git_sha', '')}\n{facts.get('vllm_path')}\n"
-    return "patched-" + hashlib.sha256((ident + patches_digest(patches)).encode()).hexdigest()[:16]
-
-
-def create_patched_build(
-    base_python: str | Path,
-    patches,
-    cache: Path = DEFAULT_CACHE,
-    log=print,
-    base_spec: str = "",
-    base_facts: dict[str, str] | None = None,
-) -> Path:
-    """A build whose vLLM is ``base_python``'s with ``patches`` applied; returns its ``bin/python``.
-
-    Nothing is installed and the base is never written: the build is a directory holding
-    ``site/vllm``, a tree of symlinks to the base's vLLM files in which only the patched files
-    are real (patched) copies, and a ``bin/python`` launcher that puts ``site`` first on
-    ``PYTHONPATH``, says which patches it carries (``REFIT_HARNESS_VLLM_PATCHES``, recorded by
-    every arm) and runs the base interpreter. So a patched build costs a second, not an install,
-    and the harness's own venv can be the base. Cached under ``builds/`` keyed by the base and the
-    patches' digests; a patch that does not apply is ``PatchError`` (exit 2) naming the file and
-    the hunk, and leaves nothing behind.
-    """
-    from harness.builds.overlay import overlay_parts
-    from harness.builds.patches import apply_patches
-
-    if not patches:
-        raise BuildError("a patched build needs at least one --patch")
-    base = interpreter(base_python)
-    facts = base_facts or describe(BuildSpec("base", str(base)), cache)  # given: the caller described it
-    if facts.get("vllm_patches"):
-        raise BuildError(f"{base} is itself a patched build; patch its base instead, with every patch")
-    source = Path(facts["vllm_path"])
-    root = cache / "builds" / patched_key(base, facts, patches)
-    python = root / "bin" / "python"
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with key_lock(root, lambda message: log(f"build: {message}")):
-        try:
-            if json.loads((root / STAMP).read_text()).get("complete") and python.exists():
-                return python
-        except (OSError, ValueError):
-            pass
-        shutil.rmtree(root, ignore_errors=True)
-        started = time.monotonic()
-        site = root / "site" / "vllm"
-        try:
-            for directory, dirs, files in os.walk(source):
-                dirs[:] = [d for d in dirs if d != "__pycache__"]
-                here = site / Path(directory).relative_to(source)
-                here.mkdir(parents=True, exist_ok=True)
-                for f in files:
-                    (here / f).symlink_to(Path(directory) / f)
-            written = apply_patches(root / "site", tuple(patches), resolve=os.path.realpath)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
-        marker = shlex.quote(",".join(f"{'/'.join(Path(p.name).parts[-2:])}@{p.sha256}" for p in patches))
-        runs, sites, overlay = base, str(root / "site"), ""
-        if (parts := overlay_parts(base)) is not None:  # over an overlay build: its site after ours
-            runs, overlay_site, overlay_marker = parts
-            sites += f":{overlay_site}"
-            overlay = f"{OVERLAY_ENV}={shlex.quote(overlay_marker)}; export {OVERLAY_ENV}\n"
-        python.parent.mkdir(parents=True, exist_ok=True)
-        python.write_text(
-            "#!/bin/sh\n"
-            f"# refit-harness patched build: the vLLM of {base} with {len(patches)} patch(es)\n"
-            f"{PATCHES_ENV}={marker}; export {PATCHES_ENV}\n"
-            f"{overlay}"
-            f'PYTHONPATH="{sites}${{PYTHONPATH:+:$PYTHONPATH}}"; export PYTHONPATH\n'
-            f'exec "{runs}" "$@"\n'
-        )
-        python.chmod(0o755)
-        patched = describe(BuildSpec("patched", str(python)), cache)
-        if Path(patched.get("vllm_path", "")) != site:
-            shutil.rmtree(root, ignore_errors=True)
-            raise BuildError(f"the patched build's python imports vLLM from {patched.get('vllm_path')}, not {site}")
-        (root / STAMP).write_text(
-            json.dumps(
-                {
-                    "spec": base_spec or f"overlay of {base}",
-                    "base_python": str(base),
-                    "base_facts": facts,
-                    "python": str(python),
-                    "facts": patched,
-                    "patches": [{"name": p.name, "sha256": p.sha256} for p in patches],
-                    "files": list(written),
-                    "seconds": round(time.monotonic() - started, 1),
-                    "complete": True,
-                },
-                indent=2,
-            )
-        )
-        log(f"build: patched {', '.join(written)} ({len(patches)} patch(es)) over {base}")
-        return python

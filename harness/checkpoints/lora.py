@@ -43,14 +43,6 @@ def adapter_rank(directory: str | Path) -> int:
         raise CheckpointError(f"{directory} is not a PEFT adapter directory ({config}: {type(exc).__name__})") from None
 
 
-def lora_max_rank(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
-    for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
-        if rank <= allowed:
-            return allowed
-    raise CheckpointError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank (512)")
-
-
 def default_adapter(model: str | Path, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
     """A deterministic rank-8 adapter for ``model``: every 2-D linear weight of the checkpoint whose
     module is one of ``TARGET_MODULES`` gets lora_A [r, in] and lora_B [out, r], drawn from a

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.checkpoints.control import choose_control_tensor
 from harness.checkpoints.derived import damaged, perturbed, with_control, without_tensor
-from harness.checkpoints.quantize import describe, quantization_config
+from harness.checkpoints.quantize import describe_quantization, quantization_config
 from harness.checkpoints.read import check_target, read_headers
 from harness.checkpoints.source import resolve_model
 from harness.settings import DEFAULT_CACHE
@@ -57,7 +57,7 @@ def prepare(
         b_damaged=b_damaged,
         architecture=(_config(a).get("architectures") or [None])[0],
         tied_embeddings=_tied(_config(a)),
-        quantization=describe(quantization_config(a)),
+        quantization=describe_quantization(quantization_config(a)),
     )
 
 

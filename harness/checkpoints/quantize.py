@@ -468,7 +468,7 @@ def quantizes_weights(qconfig: dict | None) -> bool:
     return True
 
 
-def describe(qconfig: dict | None) -> str | None:
+def describe_quantization(qconfig: dict | None) -> str | None:
     """A short name for a checkpoint's quantization, for known issues scoped on the format before
     any engine ran: ``<quant_method>/<weight type>/<weight strategy>``, e.g.
     ``compressed-tensors/float/block``, ``compressed-tensors/int/channel``, ``gptq/int/group``,

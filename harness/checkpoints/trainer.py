@@ -15,7 +15,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.checkpoints.quantize import describe, quantization_config, quantizes_weights
+from harness.checkpoints.quantize import describe_quantization, quantization_config, quantizes_weights
 from harness.checkpoints.read import fingerprint
 from harness.errors import CheckpointError
 from harness.settings import DEFAULT_CACHE
@@ -42,7 +42,7 @@ def trainer_steps(
     engines send float weights to an online-quantized engine: the ``online`` families."""
     if quantizes_weights(qconfig := quantization_config(model)):
         raise CheckpointError(
-            f"{model} is pre-quantized ({describe(qconfig)}): a transformers trainer dequantizes it and "
+            f"{model} is pre-quantized ({describe_quantization(qconfig)}): a transformers trainer dequantizes it and "
             "would save its steps as float weights under the quantized config, no checkpoint of that format"
         )
     recipe = {

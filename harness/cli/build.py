@@ -54,9 +54,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from harness.builds.overlay import create_overlay_build
+    from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
     from harness.builds.source import X86_VARIANTS, is_cpu_wheel, wants_source_build
-    from harness.builds.venvs import check_name, create_build, create_cpu_source_build, create_patched_build
+    from harness.builds.venvs import check_name, create_build, create_cpu_source_build
     from harness.device import cuda_available
     from harness.errors import UsageError
 

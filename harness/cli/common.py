@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from harness.errors import HarnessError
 from harness.judge import exit_codes
+from harness.run_dir import RunDir
 
 
 class RunInterrupted(HarnessError):
@@ -71,11 +72,11 @@ def log_traceback() -> str:
         return "no traceback written: no output directory yet"
     try:
         _out_dir.mkdir(parents=True, exist_ok=True)
-        with open(_out_dir / "harness.log", "a") as log:
+        with open(RunDir(_out_dir).harness_log, "a") as log:
             log.write(text)
     except OSError as exc:
-        return f"traceback not written to {_out_dir / 'harness.log'}: {exc.strerror or exc}"
-    return f"traceback in {_out_dir / 'harness.log'}"
+        return f"traceback not written to {RunDir(_out_dir).harness_log}: {exc.strerror or exc}"
+    return f"traceback in {RunDir(_out_dir).harness_log}"
 
 
 def interrupted(exc: KeyboardInterrupt, write: Callable[[], Path]) -> int:

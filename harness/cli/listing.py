@@ -19,8 +19,7 @@ def add_parsers(sub) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from harness.orchestrate.regressions import RegressionsSpec
-    from harness.spec.regressions import load_corpus
+    from harness.spec.regressions import RegressionsSpec, load_corpus
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 

@@ -31,11 +31,11 @@ def add_parsers(sub) -> None:
 
 
 def cmd_recall_page(args: argparse.Namespace) -> int:
-    from harness.orchestrate.regressions import RECORD
     from harness.errors import UsageError
     from harness.report.recall import headline, load_page_records, load_record, page, updated_record
+    from harness.run_dir import RunDir
 
-    runs = [load_record(Path(run) / RECORD) for run in args.runs]
+    runs = [load_record(RunDir(Path(run)).regressions_record) for run in args.runs]
     docs = Path(args.docs)
     records = runs
     if args.update:

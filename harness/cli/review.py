@@ -63,17 +63,19 @@ def add_parsers(sub) -> None:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
+    from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
     from harness.builds.review import review_markdown, split_diff
-    from harness.builds.venvs import create_patched_build, describe, interpreter
+    from harness.builds.venvs import build_facts, interpreter
     from harness.cli import build_parser
     from harness.cli.run import cmd_run
+    from harness.run_dir import RunDir
     from harness.spec.build import BuildSpec
     from harness.store import write_atomic
 
     patch = read_patch(args.diff)
     base = interpreter(args.base_env) if args.base_env else Path(sys.executable)
-    facts = describe(BuildSpec("base", str(base)))
+    facts = build_facts(BuildSpec("base", str(base)))
     if facts.get("vllm_patches"):
         raise UsageError(f"--base-env {base} is itself a patched build: give the environment it patches")
     split = split_diff(patch, Path(facts["vllm_path"]), args.fuzz, facts.get("vllm", ""))
@@ -89,12 +91,12 @@ def cmd_review(args: argparse.Namespace) -> int:
         "fuzz": split.fuzz,
         "parts": [{"path": p.path, "applied": p.applied, "reason": p.reason} for p in split.parts],
     }
-    write_atomic(out / "review.json", json.dumps(record, indent=2))
+    write_atomic(RunDir(out).review_record, json.dumps(record, indent=2))
     section = review_markdown(split, Path(args.diff).name)
     if split.testable is None:
-        write_atomic(out / "summary.md", "\n".join(["## refit-harness review", "", *section]))
+        write_atomic(RunDir(out).summary_md, "\n".join(["## refit-harness review", "", *section]))
         progress(f"nothing testable changed: no file of the installed vllm/ package is changed by {args.diff}")
-        print(f"review: {(out / 'summary.md').resolve()}")
+        print(f"review: {RunDir(out).summary_md.resolve()}")
         return 0
     write_atomic(out / "testable.diff", split.testable.text)
     pr = create_patched_build(base, (split.testable,), log=progress, base_spec=f"review of {Path(args.diff).name}")
@@ -106,7 +108,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         for v in values:
             argv += [flag, v]
     code = cmd_run(build_parser().parse_args(argv))
-    summary = out / "summary.md"
+    summary = RunDir(out).summary_md
     if summary.is_file():  # the comparison's PR comment, with what the review tested
         write_atomic(summary, summary.read_text() + "\n" + "\n".join(section))
     return code

@@ -15,6 +15,7 @@ from harness.cli.common import exit_for, interrupted, positive_float, positive_i
 from harness.cpu_isa import LEVEL_CHOICES, NATIVE, override_from_env
 from harness.errors import BuildError, UsageError
 from harness.orchestrate.execute import ArmEvents, Progress
+from harness.run_dir import INDEX_HTML, RunDir
 from harness.settings import CPU_ISA_ENV
 from harness.spec.engine_config import RELOAD_MODES
 from harness.spec.run import (
@@ -262,7 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         out = set_out(Path(args.resume))
         try:
-            spec = store.load(RunRecord, out / "run.json", "run_record").spec
+            spec = store.load(RunRecord, RunDir(out).record, "run_record").spec
         except store.SchemaError as exc:
             raise store.SchemaError(f"cannot resume {out}: {exc}") from None
     else:
@@ -276,11 +277,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 spec, out, say, fan=fan, resume=bool(args.resume), reuse_reference=args.reuse_reference, events=events
             )
     except KeyboardInterrupt as exc:
-        return interrupted(exc, lambda: write_reports(evaluate(out), out)["index.html"])
+        return interrupted(exc, lambda: write_reports(evaluate(out), out)[INDEX_HTML])
     files = write_reports(evaluation, out)
     for v in evaluation.verdicts:
         progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))
-    print(f"report: {files['index.html'].resolve()}")
+    print(f"report: {files[INDEX_HTML].resolve()}")
     return exit_for(evaluation.exit_code, [v.path for v in evaluation.verdicts if v.status.value == "ERROR"], out)
 
 
@@ -465,16 +466,16 @@ def throughput_of(text: str | None) -> ThroughputSpec | None:
 
 def builds_of(args: argparse.Namespace):
     """``--build`` values, checked: unique names, an interpreter with vLLM in it."""
-    from harness.builds.crossbuild import parse_expectation
     from harness.builds.engine_deps import ensure_engine_deps
-    from harness.builds.venvs import describe, parse_build
+    from harness.builds.venvs import build_facts, parse_build
+    from harness.judge.crossbuild import parse_expectation
 
     specs = [parse_build(b) for b in args.build]
     names = [b.name for b in specs]
     if len(set(names)) != len(names):
         raise BuildError(f"--build names must be unique, got {names}")
     for b in specs:
-        facts = describe(b)
+        facts = build_facts(b)
         progress(f"build {b.name}: vLLM {facts['vllm']} · torch {facts.get('torch', '?')} · {b.python}")
         ensure_engine_deps(b, log=progress)  # or refuse now, in one line naming the fix
     for e in args.expect:
@@ -527,7 +528,7 @@ def run_builds(args: argparse.Namespace, fan, build_specs) -> int:
 
 def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     from harness.orchestrate.matrix import run_matrix
-    from harness.orchestrate.regressions import RegressionsSpec
+    from harness.spec.regressions import RegressionsSpec
     from harness.spec.scenario import expand
     from scenarios import SCENARIOS
 
@@ -552,7 +553,7 @@ def run_scenario(args: argparse.Namespace, fan, build_specs=()) -> int:
     out = set_out(
         Path(args.out or args.resume or Path("reports") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
-    if args.resume and (out / "run.json").exists():
+    if args.resume and RunDir(out).record.exists():
         raise UsageError(
             f"cannot resume {out} as scenario {scenario.name!r}: it holds a single run; "
             f"resume it without -s (refit-harness run --resume {out})"
@@ -639,5 +640,5 @@ def run_regressions_scenario(spec, args: argparse.Namespace, fan, build_specs=()
         + (f"; {r['masked']} masked on this vLLM" if r["masked"] else "")
         + f"; expectations {'all met' if summary['all_met'] else 'NOT all met'}"
     )
-    print(f"report: {(out / 'regressions.md').resolve()}")
+    print(f"report: {RunDir(out).regressions_md.resolve()}")
     return summary["exit_code"]

@@ -34,7 +34,7 @@ from harness.plan import (
     trainer_reference_name,
 )
 from harness.records import ArmResult, ObservationLabel
-from harness.settings import arm_files
+from harness.run_dir import RunDir
 from harness.spec.checkpoint_set import adapted_weight, trainer_target
 from harness.spec.known_issues import quantization_of
 from harness.spec.run import JudgePolicy
@@ -44,10 +44,10 @@ def evaluate(out: Path) -> Evaluation:
     """Judge a run from its directory alone."""
     from harness.paths import PATHS
 
-    record = store.load(RunRecord, out / "run.json", "run_record")
+    record = store.load(RunRecord, RunDir(out).record, "run_record")
     results: dict[str, ArmResult] = {}
     for arm in record.plan.arms:
-        result_file = arm_files(out, arm)[1]
+        result_file = RunDir(out).arm(arm).result
         if result_file.exists():
             try:
                 results[arm.name] = store.load(ArmResult, result_file, "arm_result")

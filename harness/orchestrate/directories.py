@@ -20,6 +20,7 @@ from typing import Literal
 
 from harness.errors import UsageError
 from harness.orchestrate.execute import Progress
+from harness.run_dir import INDEX_HTML, RunDir
 
 Kind = Literal["run", "scenario", "builds"]
 
@@ -42,11 +43,12 @@ def _json(path: Path) -> dict:
 
 
 def kind_of(directory: Path) -> Kind:
-    if (directory / "run.json").is_file():
+    d = RunDir(directory)
+    if d.is_run():
         return "run"
-    if (directory / "summary.json").is_file() and "scenario" in _json(directory / "summary.json"):
+    if d.summary_json.is_file() and "scenario" in _json(d.summary_json):
         return "scenario"
-    if (directory / "comparison.json").is_file():
+    if d.comparison.is_file():
         return "builds"
     raise UsageError(
         f"{directory} holds no run (run.json), scenario (summary.json) or comparison of builds (comparison.json): "
@@ -57,19 +59,19 @@ def kind_of(directory: Path) -> Kind:
 def scenario_runs(directory: Path) -> dict[str, dict[str, Path]]:
     """A scenario directory's runs: build name ('' for one build) -> group id -> run directory
     (groups that never started are left out)."""
-    summary = _json(directory / "summary.json")
+    summary = _json(RunDir(directory).summary_json)
     out: dict[str, dict[str, Path]] = {}
     for build in summary.get("builds") or [""]:
         for group in summary.get("groups", {}):
             run = directory / build / group if build else directory / group
-            if (run / "run.json").is_file():
+            if RunDir(run).is_run():
                 out.setdefault(build, {})[group] = run
     return out
 
 
 def builds_runs(directory: Path) -> dict[str, Path]:
     """A builds directory's runs, by the name each build ran under (``base``, ``base2``, ``pr``)."""
-    return {d.name: d for d in sorted(directory.iterdir()) if (d / "run.json").is_file()}
+    return {d.name: d for d in sorted(directory.iterdir()) if RunDir(d).is_run()}
 
 
 def stored_expectations(comparison: Path) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -99,7 +101,7 @@ def rejudge(given: str | Path, out: Path | None, progress: Progress) -> tuple[in
     if kind == "run":
         ev = evaluate(source)
         files = write_reports(ev, target)
-        return ev.exit_code, files["index.html"], [v.path for v in ev.verdicts if v.status.value == "ERROR"]
+        return ev.exit_code, files[INDEX_HTML], [v.path for v in ev.verdicts if v.status.value == "ERROR"]
     if kind == "builds":
         return _rejudge_builds(source, target, progress)
     return _rejudge_scenario(source, target, progress)
@@ -119,12 +121,12 @@ def _rejudge_builds(source: Path, target: Path, progress: Progress) -> tuple[int
         codes.append(ev.exit_code)
         errors += [f"[{name}] {v.path}" for v in ev.verdicts if v.status.value == "ERROR"]
         progress(f"[{name}] re-judged: " + ", ".join(f"{v.path} {v.shown}" for v in ev.verdicts))
-    expect, roles = stored_expectations(source / "comparison.json")
+    expect, roles = stored_expectations(RunDir(source).comparison)
     where = {role: source / Path(d).name for role, d in roles.items()}
     if "base" not in where or "pr" not in where:
-        raise UsageError(f"{source / 'comparison.json'} names no base and pr runs")
+        raise UsageError(f"{RunDir(source).comparison} names no base and pr runs")
     code = compare_runs(where["base"], where["pr"], where.get("base2"), target, list(expect), progress)
-    return exit_codes.combined(codes, [code]), target / "index.html", errors
+    return exit_codes.combined(codes, [code]), RunDir(target).index_html, errors
 
 
 def _rejudge_scenario(source: Path, target: Path, progress: Progress) -> tuple[int, Path, list[str]]:
@@ -134,7 +136,7 @@ def _rejudge_scenario(source: Path, target: Path, progress: Progress) -> tuple[i
     from harness.report.matrix import matrix_summary, write_matrix
     from harness.spec.scenario import CellGroup, ModelRef
 
-    summary = _json(source / "summary.json")
+    summary = _json(RunDir(source).summary_json)
     per_build: dict[str, list] = {}
     for build, groups in scenario_runs(source).items():
         for group, run in groups.items():
@@ -147,7 +149,7 @@ def _rejudge_scenario(source: Path, target: Path, progress: Progress) -> tuple[i
     comparisons: dict[str, tuple[str, int]] = {}
     for group, c in (summary.get("comparisons") or {}).items():
         stored = source / c["link"]
-        expect, roles = stored_expectations(stored.parent / "comparison.json")
+        expect, roles = stored_expectations(RunDir(stored.parent).comparison)
         where = {role: source / Path(d).parent.name / group for role, d in roles.items()}
         code = compare_runs(
             where["base"], where["pr"], where.get("base2"), target / "compare" / group, list(expect), progress

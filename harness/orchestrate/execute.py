@@ -29,15 +29,12 @@ from harness.judge.evaluation import Evaluation, RunRecord
 from harness.orchestrate import reference
 from harness.orchestrate.fanout import FanoutSpec
 from harness.orchestrate.reference import ReferenceInputs
+from harness.orchestrate.resolve import resolve_engine, resolve_prompts, unavailable_paths
 from harness.plan import ArmPlan, PathNeeds, Plan, make_plan
 from harness.records import ArmResult
+from harness.run_dir import RunDir
 from harness.settings import DEFAULT_CACHE, PREFLIGHT_ENV
-from harness.spec.kv_cache import kv_cache_bytes
-from harness.spec.prompts import shared_prefix_prompts, text_prompts
 from harness.spec.run import RunSpec
-from harness.tokenizer import own_tokenizer
-
-DEFAULT_VOCAB = 256  # prompts for a checkpoint whose config names no vocabulary
 
 Progress = Callable[[str], None]
 
@@ -121,39 +118,6 @@ def validate_engine_args(spec: RunSpec) -> None:
     check_engine_args(spec.engine.engine_args, engine_fields(spec.build), spec.build.name if spec.build else "")
 
 
-def resolve_prompts(spec: RunSpec) -> RunSpec:
-    """The spec with its prompts made concrete when the user gave none, so the default
-    prompts fit any checkpoint: real text through the checkpoint's own tokenizer where it
-    has one, else token ids drawn from the model's vocabulary."""
-    if spec.prompts.token_ids is not None:
-        return spec
-    vocab = vocab_size(spec.model) or DEFAULT_VOCAB
-    tokenizer = own_tokenizer(spec.model)
-    made = text_prompts(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, vocab) if tokenizer else None
-    if made:
-        return replace(spec, prompts=replace(spec.prompts, token_ids=made[0], texts=made[1]))
-    return replace(spec, prompts=replace(spec.prompts, token_ids=shared_prefix_prompts(vocab)))
-
-
-def resolve_engine(spec: RunSpec, model_dir: str) -> RunSpec:
-    """The spec with a KV cache sized from the model's own config where it asks for that
-    (``EngineSpec.kv_cache_memory_bytes`` None): every sequence of ``max_num_seqs`` at
-    ``max_model_len``, with a margin (``harness.spec.kv_cache``)."""
-    if spec.engine.kv_cache_memory_bytes is not None:
-        return spec
-    config_file = Path(model_dir) / "config.json"
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot size the KV cache from {config_file}: {type(exc).__name__}: {exc}") from None
-    e = spec.engine
-    try:
-        size = kv_cache_bytes(config, e.dtype, e.max_model_len, e.max_num_seqs)
-    except ValueError as exc:
-        raise UsageError(f"cannot size the KV cache of {model_dir}: {exc}") from None
-    return replace(spec, engine=replace(e, kv_cache_memory_bytes=size))
-
-
 def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress, adapters=None) -> None:
     """The preflight of this run's own arms, on this machine's GPU count, before any engine
     starts on a GPU (``harness.orchestrate.preflight``); its findings go to
@@ -167,14 +131,14 @@ def preflight_run(spec: RunSpec, cs, out: Path, progress: Progress, adapters=Non
     cells = preflight.plan_cells("run", spec, cs, (gpus or needed,), resolve=spec, adapters=adapters)
     progress(f"preflight: engine args, KV cache, trainers and Ray placement on {gpus or needed} GPU(s)")
     findings = preflight.run(PreflightRequest(scenario="run", cells=cells), spec.build.python if spec.build else None)
-    store.dump(findings, out / "preflight.json", "preflight_findings")
+    store.dump(findings, RunDir(out).preflight, "preflight_findings")
     problems = preflight.problems(findings)
     for f in problems:
         progress(f.line())
     if problems:
         raise UsageError(
             f"the preflight found {len(problems)} problem(s) before any engine started (first: {problems[0].line()}); "
-            f"see {out / 'preflight.json'}"
+            f"see {RunDir(out).preflight}"
         )
 
 
@@ -189,27 +153,6 @@ def configuration_unavailable(spec: RunSpec) -> str | None:
     if missing := missing_modules(spec.requires_packages):
         return missing_modules_reason(missing)
     return None
-
-
-def unavailable_paths(
-    classes: dict, tensor_parallel_size: int, gpus: int | None, cuda: bool | None = None, packages: bool = True
-) -> dict[str, str]:
-    """Why each path that cannot run here cannot: the path's own reason (no CUDA, a missing
-    package), or, on a machine with ``gpus`` GPUs, more GPUs than it has (its engine's and a
-    transfer trainer's own). ``cuda`` and ``packages`` as in ``ReloadPath.unavailable_reason``."""
-    out = {}
-    for name, cls in classes.items():
-        reason = cls.unavailable_reason(cuda, packages)
-        needed = cls.gpus_needed(tensor_parallel_size)
-        if reason is None and gpus is not None and needed > gpus:
-            reason = (
-                f"{name} needs {needed} GPUs here (TP {tensor_parallel_size}"
-                + (" and a trainer GPU of its own" if needed > tensor_parallel_size else "")
-                + f"); this machine has {gpus} (REFIT_HARNESS_GPUS or nvidia-smi)"
-            )
-        if reason:
-            out[name] = reason
-    return out
 
 
 def first_difference(old, new, where: str = "") -> str | None:
@@ -241,8 +184,8 @@ def prepare(
 
     resolved = validate(spec)
     on_disk = None
-    if resume and (out / "run.json").exists():
-        on_disk = store.load(RunRecord, out / "run.json", "run_record")
+    if resume and RunDir(out).record.exists():
+        on_disk = store.load(RunRecord, RunDir(out).record, "run_record")
         diff = first_difference(store.to_jsonable(on_disk.spec), store.to_jsonable(spec))
         if diff:
             raise UsageError(
@@ -250,8 +193,10 @@ def prepare(
                 f"own options, or use a new --out"
             )
     # Full weight copies of arms that were killed before they could clean up.
-    shutil.rmtree(out / "scratch", ignore_errors=True)
+    shutil.rmtree(RunDir(out).scratch_dir, ignore_errors=True)
     progress("preparing checkpoints A, B and B' (positive control)")
+    from safetensors import SafetensorError
+
     try:
         cs = prepare_checkpoints(
             spec.model,
@@ -264,7 +209,9 @@ def prepare(
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
-    except Exception as exc:  # safetensors, JSON and OS errors from a damaged checkpoint
+    # A damaged checkpoint: safetensors, JSON (a ValueError) and OS errors. Anything else is a
+    # harness bug, and keeps its traceback (harness.log).
+    except (SafetensorError, OSError, ValueError) as exc:
         raise UsageError(
             f"cannot read the checkpoints ({spec.model}"
             + (f", {spec.target}" if spec.target else "")
@@ -338,7 +285,7 @@ def prepare(
         reference_key=key,
         cpu=host_capabilities(spec.engine.cpu_isa),
     )
-    store.dump(record, out / "run.json", "run_record")
+    store.dump(record, RunDir(out).record, "run_record")
     return record, inputs
 
 
@@ -437,9 +384,9 @@ def architecture_of(checkpoint: str) -> str | None:
 def vllm_version_of(spec: RunSpec) -> str | None:
     """The vLLM version the run's arms will import: the build's, or the harness's own."""
     if spec.build is not None and spec.build.python:
-        from harness.builds.venvs import describe
+        from harness.builds.venvs import build_facts
 
-        return describe(spec.build).get("vllm")
+        return build_facts(spec.build).get("vllm")
     version = _vllm_version()
     return version.partition("==")[2] or None
 
@@ -479,7 +426,7 @@ def execute(
         _run_arms(record, inputs, out, progress, fan, resume, claims, events)
     # When it ended, for the duration on the report's first lines.
     store.dump(
-        replace(record, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), out / "run.json", "run_record"
+        replace(record, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), RunDir(out).record, "run_record"
     )
     return evaluate(out)
 
@@ -495,7 +442,6 @@ def _run_arms(
     events: ArmEvents | None,
 ) -> None:
     from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
-    from harness.settings import arm_files
 
     arms = record.plan.arms
     env = dict(record.arm_env)
@@ -503,14 +449,13 @@ def _run_arms(
     number = {arm.name: i for i, arm in enumerate(arms, 1)}
     todo = []
     for arm in arms:
-        kept = _finished(arm_files(out, arm)[1], keys[arm.name]) if resume else None
+        kept = _finished(RunDir(out).arm(arm).result, keys[arm.name]) if resume else None
         if kept == "ok":
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
         elif arm.name in record.plan.reused and record.reference_key:
-            arm_files(out, arm)[1].parent.mkdir(parents=True, exist_ok=True)
+            RunDir(out).arms_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(
-                reference.cache_dir(record.reference_key, DEFAULT_CACHE) / f"{arm.role}.result.json",
-                arm_files(out, arm)[1],
+                reference.cached_result(record.reference_key, arm.role, DEFAULT_CACHE), RunDir(out).arm(arm).result
             )
             progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: reused reference {record.reference_key}")
         else:
@@ -519,7 +464,7 @@ def _run_arms(
             todo.append(arm)
 
     if events is not None:
-        events.planned(todo, {a.name: arm_files(out, a)[2] for a in todo})
+        events.planned(todo, {a.name: RunDir(out).arm(a).log for a in todo})
 
     def started(arm: ArmPlan) -> None:
         if events is not None:
@@ -527,7 +472,7 @@ def _run_arms(
         progress(
             f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.stage.removeprefix('cold_')}"
             + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
-            + f" (log: {arm_files(out, arm)[2]})"
+            + f" (log: {RunDir(out).arm(arm).log})"
         )
 
     stored: list[bool] = []
@@ -537,7 +482,7 @@ def _run_arms(
         their key then, not at the end of the run: a run waiting for them starts at once."""
         if stored or inputs is None or not record.reference_key or record.plan.reused:
             return
-        fresh = {a.role: (arm_files(out, a)[1], keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
+        fresh = {a.role: (RunDir(out).arm(a).result, keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
         if all(_finished(f, key) == "ok" for f, key in fresh.values()):
             reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)
             progress(f"stored reference {record.reference_key} for reuse")
@@ -592,7 +537,7 @@ def _run_arms(
     finally:
         kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
         # Their full weight copies too: a killed arm's own cleanup may never run.
-        shutil.rmtree(out / "scratch", ignore_errors=True)
+        shutil.rmtree(RunDir(out).scratch_dir, ignore_errors=True)
 
 
 def _finished(result_file: Path, key: str) -> str | None:

@@ -168,14 +168,14 @@ class ArmActor:
         import ray
 
         from harness.orchestrate.runner import run_arm
-        from harness.settings import arm_files
+        from harness.run_dir import RunDir
 
         if staged is not None:
             arm = replace(arm, checkpoints=stage_on_this_node(arm.checkpoints, staged))
         scratch = workdir or Path(tempfile.mkdtemp(prefix=f"refit-arm-{arm.name}-"))
         try:
             result = run_arm(arm, scratch, env, key)
-            log = arm_files(scratch, arm)[2]
+            log = RunDir(scratch).arm(arm).log
             text = log.read_text(errors="replace") if log.exists() else ""
         finally:
             if workdir is None:
@@ -252,7 +252,7 @@ def run_arms(
 
     from harness import store
     from harness.orchestrate.runner import store_error
-    from harness.settings import arm_files
+    from harness.run_dir import RunDir
 
     own_cluster = not ray.is_initialized()
     if own_cluster:
@@ -291,7 +291,7 @@ def run_arms(
             while queue and len(pending) < concurrent:
                 arm = queue.pop(0)
                 started(arm)
-                store.dump(arm, arm_files(workdir, arm)[0], "arm_plan")
+                store.dump(arm, RunDir(workdir).arm(arm).plan, "arm_plan")
                 resources = arm_resources(arm, fan)
                 if resources.get("num_gpus", 0) > node_gpus:
                     # Ray would keep an infeasible actor pending forever, and the run with it.
@@ -329,7 +329,8 @@ def run_arms(
                     None,
                 )
             ray.kill(actor)
-            _, result_file, log_file = arm_files(workdir, arm)
+            files = RunDir(workdir).arm(arm)
+            result_file, log_file = files.result, files.log
             if log is not None:
                 log_file.write_text(log)
             if result.error:  # name the log the parent wrote, not the node's scratch copy

@@ -8,13 +8,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from harness.checkpoints.builders import with_model
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation
 from harness.orchestrate.execute import ArmEvents, Progress, execute
 from harness.orchestrate.fanout import FanoutSpec
+from harness.run_dir import INDEX_HTML, RunDir
 from harness.spec.build import BuildSpec
 from harness.spec.run import RunSpec
-from harness.spec.scenario import CellGroup, ScenarioSpec, resolve_model
+from harness.spec.scenario import CellGroup, ScenarioSpec
 
 
 def build_sequence(build_specs: tuple[BuildSpec, ...], noise_arg: str | None):
@@ -63,7 +65,7 @@ def compare_runs(
     import shlex
     import sys
 
-    from harness.builds.crossbuild import compare_builds, parse_expectation
+    from harness.judge.crossbuild import compare_builds, parse_expectation
     from harness.report.compare_page import write_comparison
     from harness.report.provenance import run_provenance
 
@@ -86,7 +88,7 @@ def compare_runs(
             f"expect {e.expectation.build} {e.expectation.verdict} on {e.expectation.cells}: "
             f"{'met' if e.met else 'NOT met'} ({got})"
         )
-    print(f"comparison: {files['index.html'].resolve()}")
+    print(f"comparison: {files[INDEX_HTML].resolve()}")
     return cmp.exit_code
 
 
@@ -107,7 +109,7 @@ def run_group(
     its evaluation. ``amend`` adds what the command line gives every cell."""
     from harness.report import write_reports
 
-    group = resolve_model(group, model)
+    group = with_model(group, model)
     spec = amend(replace(group.spec, build=build) if build else group.spec)
     evaluation = execute(spec, out, progress, fan=fan, resume=resume, reuse_reference=reuse_reference, events=events)
     write_reports(evaluation, out)
@@ -164,10 +166,10 @@ def run_matrix(
             except KeyboardInterrupt as exc:
 
                 def write(group=group, where=where, results=results):
-                    if (where / group.id / "run.json").exists():
+                    if RunDir(where / group.id).record.exists():
                         ev = evaluate(where / group.id)
                         write_reports(ev, where / group.id)
-                        results.append((resolve_model(group, model), ev))
+                        results.append((with_model(group, model), ev))
                     return write_matrix(out, matrix_summary(scenario.name, per_build))
 
                 on_interrupt(exc, write)
@@ -185,6 +187,6 @@ def run_matrix(
                 [relabel(e, labels) for e in expectations],
                 say,
             )
-            comparisons[group.id] = (f"compare/{group.id}/index.html", code)
+            comparisons[group.id] = (f"compare/{group.id}/{INDEX_HTML}", code)
     summary = matrix_summary(scenario.name, per_build, comparisons)
     return summary, write_matrix(out, summary)

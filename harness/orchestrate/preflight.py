@@ -27,8 +27,8 @@ def plan_cells(
     """One ``PreflightCell`` per GPU count: the cell's arms as the planner makes them on a
     machine of that many GPUs, and the paths it would SKIP there, with the reason. LoRA paths
     get ``adapters``, or the harness's own adapters for the checkpoint (made from its headers)."""
-    from harness.orchestrate.execute import resolve_engine, resolve_prompts, unavailable_paths
     from harness.orchestrate.fanout import FanoutSpec, arm_resources
+    from harness.orchestrate.resolve import resolve_engine, resolve_prompts, unavailable_paths
     from harness.paths import PATHS
 
     classes = {p: PATHS.get(p) for p in spec.paths}
@@ -59,14 +59,15 @@ def plan_cells(
 def scenario_request(scenario, gpus: tuple[int, ...], model: str | None = None) -> tuple[PreflightRequest, list[str]]:
     """The request for every cell group of ``scenario`` (its model, or ``model``), and notes on
     where each model's config came from."""
+    from harness.checkpoints.builders import with_model
     from harness.checkpoints.standin import standin
-    from harness.spec.scenario import expand, resolve_model
+    from harness.spec.scenario import expand
 
     cells: list[PreflightCell] = []
     notes: list[str] = []
     made: dict[tuple[str, str], tuple] = {}
     for group in expand(scenario):
-        source = model or (resolve_model(group).spec.model if group.model.builder else group.model.path or "")
+        source = model or (with_model(group).spec.model if group.model.builder else group.model.path or "")
         key = (source, group.spec.engine.dtype)
         if key not in made:
             made[key] = standin(source, group.spec.engine.dtype)

@@ -33,6 +33,7 @@ from harness import store
 from harness.cache import cached_variant, key_lock
 from harness.plan import ArmPlan
 from harness.records import ArmResult, CpuCapabilities
+from harness.run_dir import ARM_RESULT_SUFFIX
 from harness.settings import CPU_ISA_ENV, EXTRA_MODELS_ENV, REUSE_ENV
 
 CACHED_ROLES = ("reference", "noise")
@@ -209,12 +210,17 @@ def cache_dir(key: str, cache: Path) -> Path:
     return cache / "references" / key
 
 
+def cached_result(key: str, role: str, cache: Path, where: Path | None = None) -> Path:
+    """The stored result of the ``role`` arm under ``key`` (in ``where``: a staging directory)."""
+    return (where or cache_dir(key, cache)) / f"{role}{ARM_RESULT_SUFFIX}"
+
+
 def cached(key: str, cache: Path) -> dict[str, ArmResult] | None:
     """The reference and noise results stored under ``key``, if both are there and ok."""
     found = {}
     for role in CACHED_ROLES:
         try:
-            result = store.load(ArmResult, cache_dir(key, cache) / f"{role}.result.json", "arm_result")
+            result = store.load(ArmResult, cached_result(key, role, cache), "arm_result")
         except store.SchemaError:
             return None
         if result.status != "ok":
@@ -230,7 +236,7 @@ def save(key: str, inputs: ReferenceInputs, results: dict[str, Path], cache: Pat
 
     def make(staging: Path) -> None:
         for role, path in results.items():
-            shutil.copy2(path, staging / f"{role}.result.json")
+            shutil.copy2(path, cached_result(key, role, cache, staging))
         (staging / "inputs.json").write_text(json.dumps(store.to_jsonable(inputs), indent=1))
 
     return cached_variant(dest, make, lambda d: cached(key, d.parent.parent) is not None)

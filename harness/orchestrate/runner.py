@@ -22,7 +22,8 @@ from harness.builds import venvs as builds
 from harness.orchestrate.forking import ForkedArm, forker_for
 from harness.plan import ArmPlan
 from harness.records import ArmResult
-from harness.settings import ARMS_DIR, RUN_MARKER, SCRATCH_ENV, arm_files, scratch_dir
+from harness.run_dir import RunDir
+from harness.settings import RUN_MARKER, SCRATCH_ENV
 
 ARM_MODULE = "harness.arm.process"  # an arm runs as `python -m ARM_MODULE PLAN RESULT`
 
@@ -36,10 +37,10 @@ def run_arm(
 ) -> ArmResult:
     """Run one arm to its end and store its result. ``fork``: start it from a warm interpreter
     where that is the same program (``harness.orchestrate.forking``)."""
-    plan_file, result_file, log_file = arm_files(workdir, arm)
+    files = RunDir(workdir).arm(arm)
+    plan_file, result_file, log_file, scratch = files.plan, files.result, files.log, files.scratch
     store.dump(arm, plan_file, "arm_plan")
     result_file.unlink(missing_ok=True)
-    scratch = scratch_dir(workdir, arm)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     pid_file = plan_file.with_name(f"{arm.name}.pid")
@@ -52,7 +53,7 @@ def run_arm(
     try:
         with open(log_file, "w") as log:
             argv = [str(plan_file), str(result_file)]
-            forker = forker_for(python, env, workdir / ARMS_DIR, arm) if fork else None
+            forker = forker_for(python, env, RunDir(workdir).arms_dir, arm) if fork else None
             forked = forker.launch(argv, log_file, env) if forker and forker.can_fork(arm) else None
             proc = forked or subprocess.Popen(
                 [python, "-m", ARM_MODULE, *argv],
@@ -102,7 +103,7 @@ def run_arm(
 
 def store_error(arm: ArmPlan, workdir: Path, message: str, key: str = "") -> ArmResult:
     """Record an arm that could not run (cancelled, or its Ray actor died)."""
-    result_file = arm_files(workdir, arm)[1]
+    result_file = RunDir(workdir).arm(arm).result
     result = replace(_as_error(arm, _read_result(result_file), message, 0.0), key=key)
     store.dump(result, result_file, "arm_result")
     return result

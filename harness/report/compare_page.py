@@ -10,9 +10,10 @@ from pathlib import Path
 
 from markupsafe import Markup, escape
 
-from harness.builds.crossbuild import NO_DIFFERENCE, BuildComparison
+from harness.judge.crossbuild import NO_DIFFERENCE, BuildComparison
 from harness.report.render import render
 from harness.report.style import ICON, REPORT_SCHEMA_VERSION
+from harness.run_dir import COMPARE_TABLES, INDEX_HTML, RunDir
 from harness.store import to_jsonable
 
 
@@ -21,22 +22,23 @@ def write_comparison(
 ) -> dict[str, Path]:
     """``provenance``: base's and pr's (``harness.report.provenance``), for the pages' first lines."""
     out.mkdir(parents=True, exist_ok=True)
+    d = RunDir(out)
     files: dict[str, Path] = {}
-    tables = {
-        "verdicts.csv": cmp.verdicts,
-        "tokens.csv": cmp.tokens,
-        "tensor_changes.csv": cmp.status_changes,
-        "values.csv": cmp.values,
-        "hooks.csv": cmp.hooks,
-        "timings.csv": cmp.timings,
-        "throughput.csv": cmp.throughput,
-        "accuracy.csv": cmp.accuracy,
-        "builds.csv": cmp.builds,
-    }
-    for name, rows in tables.items():
-        files[name] = _csv(out / name, rows)
-    files["expectations.csv"] = out / "expectations.csv"
-    with open(files["expectations.csv"], "w", newline="") as f:
+    tables = (
+        cmp.verdicts,
+        cmp.tokens,
+        cmp.status_changes,
+        cmp.values,
+        cmp.hooks,
+        cmp.timings,
+        cmp.throughput,
+        cmp.accuracy,
+        cmp.builds,
+    )
+    for name, rows in zip(COMPARE_TABLES, tables, strict=True):
+        files[name] = _csv(d.table(name), rows)
+    files[d.expectations_csv.name] = d.expectations_csv
+    with open(d.expectations_csv, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["schema_version", "build", "cells", "expected", "path", "actual", "met"])
         for e in cmp.expectations:
@@ -52,15 +54,15 @@ def write_comparison(
                         e.met,
                     ]
                 )
-    files["comparison.json"] = out / "comparison.json"
-    files["comparison.json"].write_text(
+    files[d.comparison.name] = d.comparison
+    d.comparison.write_text(
         json.dumps({"schema_version": REPORT_SCHEMA_VERSION, "exit_code": cmp.exit_code, **to_jsonable(cmp)}, indent=1)
     )
-    files["summary.md"] = out / "summary.md"
+    files[d.summary_md.name] = d.summary_md
     shared = shared_provenance(provenance or {})
-    files["summary.md"].write_text(render_markdown(cmp, shared))
-    files["index.html"] = out / "index.html"
-    files["index.html"].write_text(render_html(cmp, shared))
+    d.summary_md.write_text(render_markdown(cmp, shared))
+    files[d.index_html.name] = d.index_html
+    d.index_html.write_text(render_html(cmp, shared))
     return files
 
 
@@ -81,10 +83,10 @@ def write_group_index(out: Path, groups: list[tuple[str, int]]) -> Path:
     from harness.cache import write_atomic
 
     lines = ["## refit-harness: two scenario runs, group by group", ""]
-    lines += [f"- [{g}]({g}/index.html): expectations {'met' if code == 0 else '**NOT met**'}" for g, code in groups]
-    write_atomic(out / "summary.md", "\n".join(lines) + "\n")
+    lines += [f"- [{g}]({g}/{INDEX_HTML}): expectations {'met' if code == 0 else '**NOT met**'}" for g, code in groups]
+    write_atomic(RunDir(out).summary_md, "\n".join(lines) + "\n")
     page = render("groups.html.j2", groups=groups)
-    return write_atomic(out / "index.html", page)
+    return write_atomic(RunDir(out).index_html, page)
 
 
 def _csv(path: Path, rows) -> Path:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.report.markdown import md_code, md_text
 from harness.report.style import ICON
-from harness.report.summary import md_code, md_text
+from harness.run_dir import RunDir
 
 PROVENANCE = ("vllm", "torch", "device", "cpu_capabilities", "cpu_model", "git_sha", "started")
 """Environment facts a grid names, where its records have them."""
@@ -27,9 +28,9 @@ def _read(path: Path) -> dict[str, Any]:
 
 def scenario_grid(directory: Path) -> str:
     """One scenario run's group x path grid, with its provenance, as Markdown."""
-    summary_file = directory / "summary.json"
+    summary_file = RunDir(directory).summary_json
     if not summary_file.is_file():
-        raise UsageError(f"{directory} is not a scenario run directory (no summary.json)")
+        raise UsageError(f"{directory} is not a scenario run directory (no {summary_file.name})")
     summary = _read(summary_file)
     grid: dict[str, dict[str, str]] = summary.get("grid") or {}
     if not grid:
@@ -37,7 +38,7 @@ def scenario_grid(directory: Path) -> str:
     paths = list(dict.fromkeys(p for row in grid.values() for p in row))
     env: dict[str, Any] = {}
     for group in grid:
-        cell = directory / group / "summary.json"
+        cell = RunDir(directory / group).summary_json
         if cell.is_file():
             env = _read(cell).get("environment", {})
             break

@@ -12,6 +12,7 @@ from harness.judge.evaluation import Evaluation
 from harness.judge.verdict import FAILING_STATUSES
 from harness.report.render import render
 from harness.report.summary import engine_args_shown
+from harness.report.tables import logprob_floor, outputs_headline, outputs_moved
 
 
 def render_html(
@@ -178,40 +179,6 @@ def _tokens(tokens: pd.DataFrame, atol: float = 0.0) -> dict[str, Any]:
         "same": _collapsed([r for r in real if not (r["diverged"] or r["drift"])], same_key, every),
         "twins": _collapsed([r for r in rows if "~" in str(r["path"])], (*same_key, "max_logprob_diff"), []),
     }
-
-
-def logprob_floor(tokens: pd.DataFrame, atol: float) -> float:
-    """The logprob difference a refit may show: the tolerance plus what two cold starts differ by."""
-    noise = tokens.loc[tokens["check"] == "noise", "max_logprob_diff"].max()
-    return atol + (0.0 if pd.isna(noise) else float(noise))
-
-
-def outputs_moved(tokens: pd.DataFrame, atol: float) -> dict[str, str]:
-    """Per real path, how its outputs after the refit moved from cold B's (greedy tokens, or
-    logprobs beyond the tolerance); paths whose outputs equal cold B's are absent."""
-    out: dict[str, str] = {}
-    refit = tokens[(tokens["check"] != "noise") & ~tokens["path"].str.contains("~", regex=False)]
-    for path, rows in refit.groupby("path", sort=False):
-        diverged = rows[rows["first_divergence"].notna()]
-        parts = []
-        if len(diverged):
-            first = diverged.sort_values("first_divergence").iloc[0]
-            parts.append(
-                f"greedy tokens diverge on {len(diverged)} of {len(rows)} prompt(s), first prompt "
-                f"{first['prompt']} at token {first['first_divergence']}"
-            )
-        worst = rows["max_logprob_diff"].max()
-        if worst > atol:
-            parts.append(f"logprobs differ by up to {worst:.3g} (tolerance {atol:g})")
-        if parts:
-            out[str(path)] = "; ".join(parts)
-    return out
-
-
-def outputs_headline(moved: dict[str, str], paths: int) -> str:
-    if not moved:
-        return f"Outputs: greedy tokens and logprobs equal cold B's on every path ({paths})."
-    return f"Outputs moved on {len(moved)} of {paths} path(s): " + "; ".join(f"{p}: {t}" for p, t in moved.items())
 
 
 def _counts(paths: dict[str, Any]) -> str:

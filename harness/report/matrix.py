@@ -9,9 +9,10 @@ from pathlib import Path
 
 from harness.judge import exit_codes
 from harness.judge.evaluation import Evaluation
+from harness.report.markdown import md_code, md_text
 from harness.report.render import ENV, render
 from harness.report.style import REPORT_SCHEMA_VERSION
-from harness.report.summary import md_code, md_text
+from harness.run_dir import INDEX_HTML, RunDir
 from harness.spec.engine_config import shown_items
 from harness.spec.scenario import CellGroup
 from harness.store import write_atomic
@@ -34,7 +35,7 @@ def matrix_summary(
     codes = []
     for build, runs in per_build.items():
         for group, ev in runs:
-            groups.setdefault(group.id, f"{build}/{group.id}/index.html" if build else f"{group.id}/index.html")
+            groups.setdefault(group.id, f"{build}/{group.id}/{INDEX_HTML}" if build else f"{group.id}/{INDEX_HTML}")
             codes.append(ev.exit_code)
             if ev.record:
                 control_tensors[group.id] = ev.record.checkpoints.control_tensor
@@ -44,7 +45,7 @@ def matrix_summary(
                     f"{v.path}[{group.id}]", {"group": group.id, "path": v.path, "builds": {}, "links": {}}
                 )
                 cell["builds"][build] = v.shown
-                cell["links"][build] = f"{build}/{group.id}/index.html" if build else f"{group.id}/index.html"
+                cell["links"][build] = f"{build}/{group.id}/{INDEX_HTML}" if build else f"{group.id}/{INDEX_HTML}"
                 # one build: its verdict; several: the build under review (the last one) decides
                 cell["verdict"] = v.shown
                 cell["earned"] = v.earned
@@ -89,13 +90,14 @@ ENV.filters["safe_href"] = safe_href
 
 def write_matrix(out: Path, summary: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    d = RunDir(out)
+    write_atomic(d.summary_json, json.dumps(summary, indent=2))
     columns = summary.get("builds") or [""]
     paths = list(dict.fromkeys(p for row in summary.get("grid", {}).values() for p in row))
     page = render("matrix.html.j2", s=summary, columns=columns, paths=paths)
-    write_atomic(out / "index.html", page)
-    write_atomic(out / "summary.md", _markdown(summary, columns, paths))
-    return out / "index.html"
+    write_atomic(d.index_html, page)
+    write_atomic(d.summary_md, _markdown(summary, columns, paths))
+    return d.index_html
 
 
 def _args_md(summary: dict, group: str) -> str:

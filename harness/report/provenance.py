@@ -11,7 +11,10 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from harness.cpu_isa import describe_cpu, same_dispatch
 from harness.judge.evaluation import Evaluation
+from harness.report.markdown import md_text
+from harness.store import to_jsonable
 
 DEFAULT_RELOAD_MODE = "layerwise"
 """The reload mode of records that do not name one: the only one vLLM 0.31 and 0.32 have."""
@@ -63,7 +66,6 @@ def _b_text(ev: Evaluation) -> str:
 
 def run_provenance(ev: Evaluation) -> dict[str, str]:
     """One run's provenance, in reading order: label -> text."""
-    from harness.report.summary import cpu_line
     from harness.spec.engine_config import shown_items
 
     env = _environment(ev)
@@ -123,6 +125,46 @@ def scenario_provenance(evaluations: Iterable[Evaluation], builds: list[str] | N
 
 def provenance_markdown(p: dict[str, Any]) -> list[str]:
     """The provenance as the first lines of a Markdown summary (a PR comment)."""
-    from harness.report.summary import md_text
 
     return [f"- {k}: {md_text(v)}" for k, v in p.items()] + [""] if p else []
+
+
+def _measured_cpu(ev: Evaluation):
+    """The arm whose CPU record speaks for the run: the reference (cold B), else any."""
+    arms = sorted((a for a in ev.arms if a.cpu is not None), key=lambda a: a.role != "reference")
+    return arms[0] if arms else None
+
+
+def cpu_summary(ev: Evaluation) -> dict[str, Any]:
+    """The CPU as vLLM saw it (the arms' worker records), as the parent read it (run.json), the
+    kernel branch each kind of layer got, and the arms that saw another CPU than the first."""
+    first = _measured_cpu(ev)
+    differing = sorted(
+        a.arm for a in ev.arms if a.cpu is not None and first is not None and not same_dispatch(a.cpu, first.cpu)
+    )
+    kernels: dict[str, dict[str, int]] = {}
+    for k in first.kernel_paths if first else ():
+        kernels.setdefault(k.kind, {}).setdefault(k.path, 0)
+        kernels[k.kind][k.path] += 1
+    cpu = first.cpu if first else ev.record.cpu
+    return {
+        "measured": to_jsonable(first.cpu) if first else None,
+        "measured_by": first.arm if first else None,
+        "machine": to_jsonable(ev.record.cpu) if ev.record.cpu else None,
+        "override": cpu.override if cpu else None,
+        "kernel_paths": kernels,
+        "layers": [to_jsonable(k) for k in (first.kernel_paths if first else ())],
+        "arms_on_another_cpu": differing,
+    }
+
+
+def cpu_line(ev: Evaluation) -> str:
+    """The CPU in one line for headers and grids: what vLLM saw, and the kernels it chose."""
+    first = _measured_cpu(ev)
+    text = describe_cpu(first.cpu if first else ev.record.cpu)
+    counts = cpu_summary(ev)["kernel_paths"]
+    if counts:
+        text += "; kernels: " + "; ".join(
+            f"{kind} " + ", ".join(f"{path} x{n}" for path, n in paths.items()) for kind, paths in counts.items()
+        )
+    return text

@@ -11,6 +11,8 @@ import io
 import json
 from pathlib import Path
 
+from harness.run_dir import RunDir
+
 
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
@@ -165,8 +167,9 @@ entries (a SKIPPED or not-run entry counts as not caught).
 
 
 def write_recall(record: dict, out: Path) -> dict[str, Path]:
-    files = {"regressions.md": out / "regressions.md", "regressions.csv": out / "regressions.csv"}
-    files["regressions.md"].write_text(headline(record) + "\n\n" + table(record))
+    d = RunDir(out)
+    files = {d.regressions_md.name: d.regressions_md, d.regressions_csv.name: d.regressions_csv}
+    d.regressions_md.write_text(headline(record) + "\n\n" + table(record))
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(
@@ -210,7 +213,7 @@ def write_recall(record: dict, out: Path) -> dict[str, Path]:
                 e["seconds"],
             )
         )
-    files["regressions.csv"].write_text(buf.getvalue())
+    d.regressions_csv.write_text(buf.getvalue())
     return files
 
 

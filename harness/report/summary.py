@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import html
 from collections import Counter
 from typing import Any
 
-from harness.cpu_isa import describe, same_dispatch
 from harness.judge.evaluation import Evaluation
+from harness.report.markdown import md_code, md_text
+from harness.report.provenance import cpu_line, cpu_summary
 from harness.report.style import ICON, REPORT_SCHEMA_VERSION
-from harness.store import to_jsonable
 
 
 def summary_dict(ev: Evaluation) -> dict[str, Any]:
@@ -141,47 +140,6 @@ def summary_dict(ev: Evaluation) -> dict[str, Any]:
     }
 
 
-def _measured_cpu(ev: Evaluation):
-    """The arm whose CPU record speaks for the run: the reference (cold B), else any."""
-    arms = sorted((a for a in ev.arms if a.cpu is not None), key=lambda a: a.role != "reference")
-    return arms[0] if arms else None
-
-
-def cpu_summary(ev: Evaluation) -> dict[str, Any]:
-    """The CPU as vLLM saw it (the arms' worker records), as the parent read it (run.json), the
-    kernel branch each kind of layer got, and the arms that saw another CPU than the first."""
-    first = _measured_cpu(ev)
-    differing = sorted(
-        a.arm for a in ev.arms if a.cpu is not None and first is not None and not same_dispatch(a.cpu, first.cpu)
-    )
-    kernels: dict[str, dict[str, int]] = {}
-    for k in first.kernel_paths if first else ():
-        kernels.setdefault(k.kind, {}).setdefault(k.path, 0)
-        kernels[k.kind][k.path] += 1
-    cpu = first.cpu if first else ev.record.cpu
-    return {
-        "measured": to_jsonable(first.cpu) if first else None,
-        "measured_by": first.arm if first else None,
-        "machine": to_jsonable(ev.record.cpu) if ev.record.cpu else None,
-        "override": cpu.override if cpu else None,
-        "kernel_paths": kernels,
-        "layers": [to_jsonable(k) for k in (first.kernel_paths if first else ())],
-        "arms_on_another_cpu": differing,
-    }
-
-
-def cpu_line(ev: Evaluation) -> str:
-    """The CPU in one line for headers and grids: what vLLM saw, and the kernels it chose."""
-    first = _measured_cpu(ev)
-    text = describe(first.cpu if first else ev.record.cpu)
-    counts = cpu_summary(ev)["kernel_paths"]
-    if counts:
-        text += "; kernels: " + "; ".join(
-            f"{kind} " + ", ".join(f"{path} x{n}" for path, n in paths.items()) for kind, paths in counts.items()
-        )
-    return text
-
-
 def accuracy_summary(ev: Evaluation) -> dict[str, Any] | None:
     """The accuracy probe (``--accuracy``), judged from the records; None without it."""
     from harness.judge.accuracy import judge_run
@@ -240,8 +198,7 @@ def render_markdown(ev: Evaluation, summary: dict[str, Any]) -> str:
     from harness.report.provenance import provenance_markdown
 
     icon = ICON
-    from harness.report.html import logprob_floor, outputs_headline, outputs_moved
-    from harness.report.tables import token_table
+    from harness.report.tables import logprob_floor, outputs_headline, outputs_moved, token_table
 
     tokens = token_table(ev)
     moved = outputs_moved(tokens, logprob_floor(tokens, ev.record.spec.judge.logprob_atol))
@@ -338,20 +295,3 @@ def accuracy_markdown(acc: dict[str, Any] | None) -> list[str]:
             f"{p['invalid']}/{p['total']} | {status} |"
         )
     return lines
-
-
-_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]()!|#~"})
-
-
-def md_text(text) -> str:
-    """Untrusted text (tensor names, engine errors, labels) for GitHub markdown: HTML is
-    escaped (GitHub passes raw HTML through), and markdown syntax that could make a link,
-    an image or break a table row is backslash-escaped."""
-    return html.escape(str(text).replace("\r", " ").replace("\n", " ").translate(_MD_SPECIAL), quote=True)
-
-
-def md_code(text) -> str:
-    """Untrusted text as inline code: nothing inside a code span is rendered, so only a
-    backtick (which would end it) and a table pipe need care."""
-    body = str(text).replace("\r", " ").replace("\n", " ").replace("`", "'").replace("|", "\\|")
-    return f"`{body}`"

@@ -173,3 +173,37 @@ def csv_text(table: pd.DataFrame) -> str:
         if not pd.api.types.is_numeric_dtype(safe[column]):  # object or pandas' own str dtype
             safe[column] = safe[column].map(neutralise_formula)
     return safe.to_csv(index=False)
+
+
+def logprob_floor(tokens: pd.DataFrame, atol: float) -> float:
+    """The logprob difference a refit may show: the tolerance plus what two cold starts differ by."""
+    noise = tokens.loc[tokens["check"] == "noise", "max_logprob_diff"].max()
+    return atol + (0.0 if pd.isna(noise) else float(noise))
+
+
+def outputs_moved(tokens: pd.DataFrame, atol: float) -> dict[str, str]:
+    """Per real path, how its outputs after the refit moved from cold B's (greedy tokens, or
+    logprobs beyond the tolerance); paths whose outputs equal cold B's are absent."""
+    out: dict[str, str] = {}
+    refit = tokens[(tokens["check"] != "noise") & ~tokens["path"].str.contains("~", regex=False)]
+    for path, rows in refit.groupby("path", sort=False):
+        diverged = rows[rows["first_divergence"].notna()]
+        parts = []
+        if len(diverged):
+            first = diverged.sort_values("first_divergence").iloc[0]
+            parts.append(
+                f"greedy tokens diverge on {len(diverged)} of {len(rows)} prompt(s), first prompt "
+                f"{first['prompt']} at token {first['first_divergence']}"
+            )
+        worst = rows["max_logprob_diff"].max()
+        if worst > atol:
+            parts.append(f"logprobs differ by up to {worst:.3g} (tolerance {atol:g})")
+        if parts:
+            out[str(path)] = "; ".join(parts)
+    return out
+
+
+def outputs_headline(moved: dict[str, str], paths: int) -> str:
+    if not moved:
+        return f"Outputs: greedy tokens and logprobs equal cold B's on every path ({paths})."
+    return f"Outputs moved on {len(moved)} of {paths} path(s): " + "; ".join(f"{p}: {t}" for p, t in moved.items())

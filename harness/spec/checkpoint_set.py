@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.errors import CheckpointError
+
 
 @dataclass(frozen=True)
 class CheckpointSet:
@@ -36,7 +38,7 @@ class CheckpointSet:
     """A's config.json ``tie_word_embeddings`` (``lm_head`` is the embedding), which known issues
     can be scoped on; None where the config does not say and for older records."""
     quantization: str | None = None
-    """A's quantization format (``checkpoints.quantize.describe``, e.g.
+    """A's quantization format (``checkpoints.quantize.describe_quantization``, e.g.
     ``compressed-tensors/float/block``), which known issues can be scoped on; None for a float
     checkpoint and older records."""
 
@@ -62,6 +64,20 @@ class CheckpointSet:
 
 PEFT_PREFIX = "base_model.model."
 """The prefix PEFT gives every tensor of an adapter."""
+
+
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts (``vllm.config.lora.MaxLoRARanks``, a ``Literal``
+that its config validates: any other value refuses the engine)."""
+
+
+def lora_max_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``; above the
+    largest, no engine can serve the adapter (``CheckpointError``)."""
+    allowed = next((r for r in MAX_LORA_RANKS if rank <= r), None)
+    if allowed is None:
+        raise CheckpointError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({MAX_LORA_RANKS[-1]})")
+    return allowed
 
 
 def adapted_weight(adapter_tensor: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -94,7 +95,7 @@ class Exposure(_Frozen):
         raise ValueError(f"model {v!r}: use tiny-qwen3, zoo:<family>, fixture:<Architecture> or fp8kv:<base>")
 
 
-class Expectation(_Frozen):
+class EntryExpectation(_Frozen):
     """What the harness is expected to conclude, patched and stock."""
 
     caught: bool
@@ -122,7 +123,7 @@ class Expectation(_Frozen):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> Expectation:
+    def _consistent(self) -> EntryExpectation:
         if self.caught and (self.patched not in FAILING_VERDICTS or not self.evidence):
             raise ValueError(
                 "a caught bug FAILs on the patched build (ERROR for a loud one, XFAIL for a live bug a known "
@@ -167,7 +168,7 @@ class Entry(_Frozen):
     of theirs hides it): the entry is reported masked there and left out of recall."""
     exposure: Exposure
     """The model and path(s) that expose it."""
-    expect: Expectation
+    expect: EntryExpectation
     """What the harness concludes."""
     run: bool = True
     """False where the patched code cannot execute on this device at all: the patch is still
@@ -241,3 +242,15 @@ def load_corpus(root: Path) -> tuple[Entry, ...]:
     if not entries:
         raise UsageError(f"{root}: the regression corpus has no entry")
     return entries
+
+
+@dataclass(frozen=True)
+class RegressionsSpec:
+    """The regression corpus as a scenario (``refit-harness run -s regressions``)."""
+
+    name: str
+    """Registry name."""
+    description: str
+    """One line for ``refit-harness list``."""
+    corpus: str
+    """Directory holding one sub-directory per entry."""

@@ -43,7 +43,7 @@ class ModelRef:
     """Build a model instead of reading ``path``: ``tiny-qwen3`` (the embedded one),
     ``tiny-qwen3:<Architecture>`` (its weights under a planted-bug fixture's class,
     ``harness.spec.architectures``) or ``zoo:<family>`` (a tiny stock architecture,
-    ``harness.checkpoints.zoo``)."""
+    ``harness.checkpoints.zoo``), built when a run is planned (``harness.checkpoints.builders``)."""
     engine_args: EngineArgs = ()
     """vLLM engine arguments this model always runs with (a zoo family's fp8 KV cache, an online
     quantization); an engine configuration's arguments go on top of them."""
@@ -194,24 +194,3 @@ def _keep(cell: str, only: tuple[str, ...], skip: tuple[str, ...]) -> bool:
     if only and not any(_matches(cell, pat) for pat in only):
         return False
     return not any(_matches(cell, pat) for pat in skip)
-
-
-def resolve_model(group: CellGroup, override: str | None = None) -> CellGroup:
-    """Fill in the model: an override, a builder (embedded tiny Qwen3, a zoo family), or
-    the given path (a directory, or a hub id that ``prepare`` fetches)."""
-    from harness.checkpoints.tiny import tiny_qwen3
-
-    builder = group.model.builder
-    if override:
-        path = override
-    elif builder == "tiny-qwen3":
-        path = str(tiny_qwen3())
-    elif builder and builder.startswith("tiny-qwen3:"):
-        path = str(tiny_qwen3(architecture=builder.removeprefix("tiny-qwen3:")))
-    elif builder and builder.startswith("zoo:"):
-        from harness.checkpoints.zoo import tiny_model
-
-        path = str(tiny_model(builder.removeprefix("zoo:")))
-    else:
-        path = group.model.path or ""
-    return replace(group, spec=replace(group.spec, model=path))

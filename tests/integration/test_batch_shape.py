@@ -27,10 +27,10 @@ def _records(run):
     from harness import store
     from harness.judge.evaluation import RunRecord
     from harness.records import ArmResult
-    from harness.settings import arm_files
+    from harness.run_dir import RunDir
 
     record = store.load(RunRecord, run.out / "run.json", "run_record")
-    results = {a.name: store.load(ArmResult, arm_files(run.out, a)[1], "arm_result") for a in record.plan.arms}
+    results = {a.name: store.load(ArmResult, RunDir(run.out).arm(a).result, "arm_result") for a in record.plan.arms}
     return record, results
 
 

@@ -133,7 +133,7 @@ def test_base_vs_base2_is_no_measurable_difference(two_builds, tmp_path):
 
 def test_what_differs_between_031_and_032_is_what_the_records_show(two_builds):
     """Recompute every cross-build difference from the raw arm records, independently of
-    harness.builds.crossbuild, and require the report to say exactly that."""
+    harness.judge.crossbuild, and require the report to say exactly that."""
     out = two_builds.out
     cmp = load(out / "comparison.json")
     base, base2, pr = cold_b(out / "base"), cold_b(out / "base2"), cold_b(out / "pr")

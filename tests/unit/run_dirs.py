@@ -10,7 +10,7 @@ from harness import store
 from harness.judge.evaluation import RunRecord
 from harness.paths import PATHS
 from harness.plan import PathNeeds, make_plan
-from harness.settings import arm_files
+from harness.run_dir import RunDir
 from harness.spec.checkpoint_set import CheckpointSet
 from harness.spec.run import RunSpec
 from tests.records import A, B, arm, obs, segment
@@ -49,5 +49,5 @@ def write_run(
         where = (failed or {}).get(arm_plan.name)
         if where:
             result = dataclasses.replace(result, failed_path=where[0], failed_step=where[1])
-        store.dump(result, arm_files(out, arm_plan)[1], "arm_result")
+        store.dump(result, RunDir(out).arm(arm_plan).result, "arm_result")
     return record

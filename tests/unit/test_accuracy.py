@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from harness.builds.crossbuild import NO_DIFFERENCE, compare_builds
 from harness.errors import AccuracyFileError
 from harness.judge.accuracy import DIFFERS, NO_POWER, SAME, extract_answer, judge_accuracy, read_accuracy_file
+from harness.judge.crossbuild import NO_DIFFERENCE, compare_builds
 from harness.records import ArmResult, Completions
 from harness.spec.run import AccuracySpec
 from tests.records import probe

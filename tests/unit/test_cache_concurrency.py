@@ -217,7 +217,7 @@ def test_a_run_stores_its_reference_and_lets_waiting_runs_go_before_its_subjects
     import harness.orchestrate.runner as runner
     from harness import store
     from harness.checkpoints.tiny import tiny_qwen3
-    from harness.settings import arm_files
+    from harness.run_dir import RunDir
     from harness.spec.run import RunSpec
     from tests.records import segment
 
@@ -236,7 +236,7 @@ def test_a_run_stores_its_reference_and_lets_waiting_runs_go_before_its_subjects
         else:
             result = arm_of(arm.name, arm.role, obs("cold_B", B))
         result = dataclasses.replace(result, key=key)
-        store.dump(result, arm_files(out, arm)[1], "arm_result")
+        store.dump(result, RunDir(out).arm(arm).result, "arm_result")
         return result
 
     monkeypatch.setattr(runner, "run_arm", stub)

@@ -112,11 +112,11 @@ def test_describe_names_the_override_and_the_kernel_library():
     forced = dataclasses.replace(
         cpu_isa.host_capabilities("avx2", cpuinfo=XEON_SPR, arch="x86_64"), kernel_library="_C_AVX2"
     )
-    text = cpu_isa.describe(forced)
+    text = cpu_isa.describe_cpu(forced)
     assert (
         text.startswith("x86_64 avx2 (avx2)") and "--cpu-isa avx2 (the CPU itself: amx)" in text and "_C_AVX2" in text
     )
-    assert cpu_isa.describe(None) == "not recorded"
+    assert cpu_isa.describe_cpu(None) == "not recorded"
 
 
 # ---- known issues scoped by capability ------------------------------------------------------
@@ -235,7 +235,7 @@ def _with_cpu(ev, cpu: CpuCapabilities, kernels=()):
 
 
 def test_two_builds_on_cpus_with_other_kernel_branches_are_refused_unless_allowed():
-    from harness.builds.crossbuild import compare_builds
+    from harness.judge.crossbuild import compare_builds
     from tests.unit.test_crossbuild import evaluation
 
     spr = cpu_isa.host_capabilities(cpuinfo=XEON_SPR, arch="x86_64")

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from harness.builds.crossbuild import NO_DIFFERENCE, compare_builds, layer_of, parse_expectation
 from harness.errors import CompareError
+from harness.judge.crossbuild import NO_DIFFERENCE, compare_builds, layer_of, parse_expectation
 from harness.judge.diff import compare_path
 from harness.judge.evaluation import Evaluation, RunRecord
 from harness.judge.verdict import SabotageOutcome, VerdictStatus, judge, with_sabotage

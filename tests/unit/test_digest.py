@@ -237,7 +237,7 @@ def test_a_run_whose_arms_used_different_digests_is_refused_and_its_records_kept
 
 
 def test_builds_digested_with_different_algorithms_are_not_compared(tmp_path):
-    from harness.builds.crossbuild import compare_builds
+    from harness.judge.crossbuild import compare_builds
     from harness.judge.evaluate import evaluate
     from tests.unit.run_dirs import write_run
 

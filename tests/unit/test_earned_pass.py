@@ -292,7 +292,7 @@ def test_a_pass_without_a_twin_is_shown_as_such_and_is_not_earned(tmp_path):
 
 
 def test_an_unearned_pass_meets_no_pass_expectation_and_is_no_regression():
-    from harness.builds.crossbuild import VerdictRow, check_expectations, parse_expectation
+    from harness.judge.crossbuild import VerdictRow, check_expectations, parse_expectation
 
     row = VerdictRow("reload_weights", "FAIL", "PASS (no twin)", None, "changed", "", "")
     [met] = check_expectations((row,), (parse_expectation("pr=PASS"),))

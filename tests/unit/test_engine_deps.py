@@ -9,13 +9,14 @@ import sys
 import pytest
 
 from harness.builds.engine_deps import (
+    ENGINE_EXTRAS,
     STAMP,
     engine_deps_site,
     ensure_engine_deps,
     pointer,
     requirement_module,
 )
-from harness.builds.venvs import ENGINE_EXTRAS, build_env
+from harness.builds.venvs import build_env
 from harness.errors import BuildError
 from harness.spec.build import BuildSpec
 

@@ -186,7 +186,7 @@ def test_http_weight_transfer_counts_its_nccl_trainers_gpu():
     """The RL HTTP path (merged from main) runs vLLM's NCCL trainer on a GPU of its own beside
     the server's workers: a machine without that GPU SKIPS the cell with the reason instead of
     an arm Ray can never place (defect 5's hang)."""
-    from harness.orchestrate.execute import unavailable_paths
+    from harness.orchestrate.resolve import unavailable_paths
 
     http = {"http_weight_transfer": PATHS.get("http_weight_transfer")}
     assert [http["http_weight_transfer"].gpus_needed(tp) for tp in (1, 2)] == [2, 3]
@@ -227,7 +227,7 @@ def test_defect_7_nightly_kv_cache_fits_in_bf16_on_the_production_backend(tmp_pa
 
     from harness.arm.engines import engine_args
     from harness.arm.preflight import check_kv_cache, engine_config
-    from harness.orchestrate.execute import resolve_engine
+    from harness.orchestrate.resolve import resolve_engine
     from harness.plan import PathNeeds, make_plan
     from harness.spec.scenario import expand
 

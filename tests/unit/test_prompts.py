@@ -12,7 +12,8 @@ import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
 from harness.errors import UsageError
-from harness.orchestrate.execute import resolve_prompts, validate
+from harness.orchestrate.execute import validate
+from harness.orchestrate.resolve import resolve_prompts
 from harness.spec.prompts import PROMPT_QUESTIONS, SHARED_PREFIX_TOKENS, shared_prefix_prompts
 from harness.spec.run import RunSpec
 

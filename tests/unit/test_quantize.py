@@ -253,15 +253,15 @@ def test_the_control_of_a_quantized_checkpoint_is_a_scale_its_kernel_reads(writt
 
 
 def test_a_checkpoints_quantization_is_described_for_known_issues(written):
-    from harness.checkpoints.quantize import describe
+    from harness.checkpoints.quantize import describe_quantization
 
-    names = {fmt: describe(quantization_config(d)) for fmt, d in written.items()}
+    names = {fmt: describe_quantization(quantization_config(d)) for fmt, d in written.items()}
     assert names["fp8-block"] == "compressed-tensors/float/block"
     assert names["ct-w8a8-int8"] == "compressed-tensors/int/channel"
     assert names["gptq-int4"] == "gptq/int/group" and names["awq-int4"] == "awq/int/group"
-    assert describe(None) is None and describe({"quant_method": "fp8", "weight_block_size": [128, 128]}) == (
-        "fp8/float/block"
-    )
+    assert describe_quantization(None) is None and describe_quantization(
+        {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    ) == ("fp8/float/block")
 
 
 def test_every_format_is_registered():

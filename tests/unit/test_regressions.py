@@ -188,8 +188,8 @@ def test_an_entry_is_caught_only_on_the_evidence_it_names():
     from types import SimpleNamespace as NS
 
     from harness.judge.diff import PathComparison, TensorDiff, TensorStatus, TokenDiff
+    from harness.judge.regressions import judge_entry
     from harness.judge.verdict import Verdict, VerdictStatus
-    from harness.orchestrate.regressions import judge_entry
     from harness.spec.run import JudgePolicy
 
     entry = Entry(
@@ -307,7 +307,7 @@ def test_a_patch_that_does_not_apply_skips_its_entry_with_the_reason_and_a_maske
 
 
 def test_recall_is_stated_over_the_executable_entries_and_over_all():
-    from harness.orchestrate.regressions import recall_of
+    from harness.judge.regressions import recall_of
 
     def o(status, executable=True):
         return NS(status=status, caught=status == "caught", executable=executable)
@@ -342,8 +342,8 @@ def test_a_loud_bug_is_caught_by_its_error_in_vllm_words_and_a_live_bug_through_
     from types import SimpleNamespace as NS
 
     from harness.judge.diff import PathComparison
+    from harness.judge.regressions import judge_entry
     from harness.judge.verdict import Verdict, VerdictStatus
-    from harness.orchestrate.regressions import judge_entry
     from harness.spec.run import JudgePolicy
 
     def ev(status, errors=()):

@@ -75,7 +75,7 @@ def test_compare_pairs_two_scenario_directories_group_by_group(tmp_path):
 def test_compare_refuses_runs_of_different_models_or_dtypes_unless_allowed(tmp_path):
     import dataclasses
 
-    from harness.builds.crossbuild import compare_builds
+    from harness.judge.crossbuild import compare_builds
 
     write_run(tmp_path / "base")
     write_run(tmp_path / "pr")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harness.cpu_isa import describe, same_dispatch
+from harness.cpu_isa import describe_cpu, same_dispatch
 from harness.errors import CompareError
 from harness.judge import exit_codes
 from harness.judge.diff import TensorStatus, compare_outputs, compare_tensors, one_digest
@@ -27,8 +27,8 @@ NO_DIFFERENCE = "no measurable difference"
 VERDICTS = tuple(s.value for s in VerdictStatus)
 # A verdict moving from the left set to the right one is a regression when nothing was expected:
 # from one that exits 0 to one that does not.
-BAD = frozenset(s.value for s in exit_codes.BAD)
-GOOD = frozenset(VERDICTS) - BAD | {UNEARNED_PASS}
+BAD_VERDICTS = frozenset(s.value for s in exit_codes.BAD)
+GOOD_VERDICTS = frozenset(VERDICTS) - BAD_VERDICTS | {UNEARNED_PASS}
 FIXED_FROM = frozenset({"FAIL", "XFAIL"})
 """Verdicts on base that a PASS on pr fixes (an XFAIL is a known vLLM issue that pr no longer has)."""
 
@@ -56,7 +56,7 @@ class BuildFacts:
     device: str
     """Device the arms ran on."""
     cpu: str
-    """The CPU as vLLM saw it (``harness.cpu_isa.describe``): its kernels depend on it."""
+    """The CPU as vLLM saw it (``harness.cpu_isa.describe_cpu``): its kernels depend on it."""
     harness_git_sha: str
     """Commit of the harness that ran."""
     started: str
@@ -64,7 +64,7 @@ class BuildFacts:
 
 
 @dataclass(frozen=True)
-class Expectation:
+class BuildExpectation:
     """An expected verdict for the cells of one build (``base=FAIL``, ``pr:reload_weights=PASS``)."""
 
     build: str
@@ -79,7 +79,7 @@ class Expectation:
 class ExpectationOutcome:
     """Whether one expectation held."""
 
-    expectation: Expectation
+    expectation: BuildExpectation
     """What was expected."""
     actual: tuple[tuple[str, str], ...]
     """(path, verdict) of each cell it covered."""
@@ -305,7 +305,7 @@ class BuildComparison:
         return next((b for b in self.builds if b.label == label), None)
 
 
-def parse_expectation(text: str) -> Expectation:
+def parse_expectation(text: str) -> BuildExpectation:
     """``base=FAIL`` or ``pr:reload_weights=PASS``."""
     left, sep, verdict = text.partition("=")
     build, _, cells = left.partition(":")
@@ -315,7 +315,7 @@ def parse_expectation(text: str) -> Expectation:
             f"--expect takes NAME=VERDICT or NAME:PATH_GLOB=VERDICT with NAME base, pr or base2 (or a "
             f"--build name) and VERDICT one of {', '.join(VERDICTS)}; got {text!r}"
         )
-    return Expectation(build=build.strip(), cells=cells.strip() or "*", verdict=verdict)
+    return BuildExpectation(build=build.strip(), cells=cells.strip() or "*", verdict=verdict)
 
 
 def facts_of(label: str, ev: Evaluation, directory: Path) -> BuildFacts:
@@ -334,7 +334,7 @@ def facts_of(label: str, ev: Evaluation, directory: Path) -> BuildFacts:
         torch_git_sha=env.get("torch_git_sha", ""),
         python_executable=env.get("python_executable", build.python if build else ""),
         device=env.get("device", "?"),
-        cpu=describe(run_cpu(ev)),
+        cpu=describe_cpu(run_cpu(ev)),
         harness_git_sha=ev.record.git_sha,
         started=ev.record.started,
     )
@@ -362,8 +362,8 @@ def cpu_notes(runs: dict[str, Evaluation | None], allow_mismatch: bool) -> list[
     other = {label: cpu for label, cpu in cpus.items() if label != "base" and not same_dispatch(base, cpu)}
     if not other:
         return []
-    text = f"base was measured on {describe(base)}; " + "; ".join(
-        f"{label} on {describe(cpu)}" for label, cpu in other.items()
+    text = f"base was measured on {describe_cpu(base)}; " + "; ".join(
+        f"{label} on {describe_cpu(cpu)}" for label, cpu in other.items()
     )
     if not allow_mismatch:
         raise CompareError(
@@ -400,7 +400,7 @@ def compare_builds(
     pr: Evaluation,
     base2: Evaluation | None = None,
     dirs: tuple[Path, Path, Path | None] = (Path("base"), Path("pr"), None),
-    expectations: tuple[Expectation, ...] = (),
+    expectations: tuple[BuildExpectation, ...] = (),
     command: str = "",
     allow_cpu_mismatch: bool = False,
     allow_model_mismatch: bool = False,
@@ -474,7 +474,7 @@ def verdict_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> 
             outcome = "unstable"
         elif vb == vp:
             outcome = "same"
-        elif vb in GOOD and vp in BAD:
+        elif vb in GOOD_VERDICTS and vp in BAD_VERDICTS:
             outcome = "regressed"
         elif vb in FIXED_FROM and vp == "PASS":
             outcome = f"fixed in vLLM {pr_vllm}"
@@ -495,14 +495,14 @@ def verdict_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> 
 
 
 def check_expectations(
-    rows: tuple[VerdictRow, ...], expectations: tuple[Expectation, ...]
+    rows: tuple[VerdictRow, ...], expectations: tuple[BuildExpectation, ...]
 ) -> tuple[ExpectationOutcome, ...]:
     """Explicit expectations cover the cells both base and pr ran. Without any, the implied
     one is that no cell regressed from base to pr."""
     shared = [r for r in rows if r.base is not None and r.pr is not None]
     if not expectations:
         regressed = tuple((r.path, f"{r.base} -> {r.pr}") for r in shared if r.outcome == "regressed")
-        implied = Expectation(build="pr", cells="*", verdict="no cell worse than on base")
+        implied = BuildExpectation(build="pr", cells="*", verdict="no cell worse than on base")
         return (ExpectationOutcome(implied, regressed, not regressed, implied=True),)
     out = []
     for e in expectations:
@@ -529,10 +529,11 @@ def token_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tu
     b, p = _cold(base), _cold(pr)
     if b is None or p is None:
         return ()
-    if base2 is not None and _cold(base2) is not None:
-        floor, source = {d.prompt: d for d in compare_outputs("noise", _cold(base2), b)}, "base2"
-    elif _cold(base, "noise") is not None:
-        floor, source = {d.prompt: d for d in compare_outputs("noise", _cold(base, "noise"), b)}, "cold B twice in base"
+    b2, noise = (_cold(base2) if base2 is not None else None), _cold(base, "noise")
+    if b2 is not None:
+        floor, source = {d.prompt: d for d in compare_outputs("noise", b2, b)}, "base2"
+    elif noise is not None:
+        floor, source = {d.prompt: d for d in compare_outputs("noise", noise, b)}, "cold B twice in base"
     else:
         floor, source = {}, "none"
     rows = []
@@ -728,16 +729,16 @@ def hook_rows(base: Evaluation, pr: Evaluation) -> tuple[HookRow, ...]:
             counts[key] = counts.get(key, 0) + 1
         ran: dict[tuple[str, str], int] = {}
         subject = _arm(ev, "subject")
-        owners = {
+        owners: dict[tuple[str, str], str] = {
             (h.module, h.kind): h.owner
             for h in (subject.observations[0].hooks if subject and subject.observations else ())
         }
         for c in ev.comparisons:
             per: dict[tuple[str, str], int] = {}
-            for h in c.hooks:
-                if h.runs > 0:
-                    key = (_owner(h.module, owners.get((h.module, h.kind), "")), h.kind)
-                    per[key] = per.get(key, 0) + 1
+            for run in c.hooks:
+                if run.runs > 0:
+                    owned = (_owner(run.module, owners.get((run.module, run.kind), "")), run.kind)
+                    per[owned] = per.get(owned, 0) + 1
             for k, n in per.items():
                 ran[k] = max(ran.get(k, 0), n)
         return counts, ran
@@ -817,7 +818,7 @@ def throughput_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) 
         b, p, b2 = per["base"].get(point), per["pr"].get(point), per["base2"].get(point)
         floor = [x for q in (b, b2) if q for x in q.samples]
         lo, hi = (min(floor), max(floor)) if floor else (None, None)
-        if p is None or b is None:
+        if p is None or b is None or lo is None or hi is None:
             outcome = "not measured"
         elif lo <= p.median <= hi:
             outcome = NO_DIFFERENCE
@@ -850,13 +851,10 @@ def accuracy_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) ->
     judged = {label: judge_run(ev.arms, ev.record.spec.accuracy) if ev else None for label, ev in runs.items()}
     per: dict[str, dict[str, list]] = {}
     for label, j in judged.items():
-        for p in j.points if j else ():
-            per.setdefault(label, {}).setdefault(p.point, []).append(p)
+        for judged_point in j.points if j else ():
+            per.setdefault(label, {}).setdefault(judged_point.point, []).append(judged_point)
     base_points, pr_points = per.get("base", {}), per.get("pr", {})
-    no_power = any(
-        judged[label] is not None and judged[label].points and not judged[label].discriminates
-        for label in ("base", "pr", "base2")
-    )
+    no_power = any(j is not None and j.points and not j.discriminates for j in judged.values())
 
     def mean(points) -> float | None:
         return sum(p.accuracy for p in points) / len(points) if points else None
@@ -867,7 +865,7 @@ def accuracy_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) ->
         floor = [q.accuracy for q in (b or []) + (b2 or [])]
         lo, hi = (min(floor), max(floor)) if floor else (None, None)
         mb, mp = mean(b), mean(p)
-        if mb is None or mp is None:
+        if mb is None or mp is None or lo is None or hi is None:
             outcome = "not measured"
         elif no_power:
             outcome = NO_POWER
