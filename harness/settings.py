@@ -15,6 +15,10 @@ REUSE_ENV = "REFIT_HARNESS_REUSE_REFERENCE"
 """``1`` turns reference reuse on by default (the pytest plugin sets it; the CLI's default is off)."""
 EXTRA_MODELS_ENV = "REFIT_HARNESS_MODELS"
 """``Arch=module:Class`` pairs (comma-separated) the vLLM plugin registers in every vLLM process."""
+EXTRA_PATHS_ENV = "REFIT_HARNESS_PATHS"
+"""``name=module:Class`` pairs (comma-separated): reload paths registered from importable modules
+without installing a package (held to the same contract as entry-point paths); every process of a
+run inherits it, so the arms find the same classes."""
 PLANTED_FAULT_ENV = "REFIT_HARNESS_PLANTED_FAULT"
 """A fixture model's planted failure (``raise:N``, ``hang:N``...), for the fault tests."""
 SCRATCH_ENV = "REFIT_HARNESS_SCRATCH"

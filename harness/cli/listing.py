@@ -68,6 +68,7 @@ def verdict_cells(group) -> list[str]:
 
 def cmd_paths(args: argparse.Namespace) -> int:
     from harness.paths import PATHS
+    from harness.settings import EXTRA_PATHS_ENV
     from harness.spec.known_issues import KNOWN_ISSUES
 
     for name in PATHS.names():
@@ -89,7 +90,9 @@ def cmd_paths(args: argparse.Namespace) -> int:
         for refusal in cls.refusals:
             print(f"    declined by vLLM on {refusal.device} (SKIPPED with vLLM's words): {refusal.reason}")
         if name in PATHS.third_party:
-            print(f"    third-party path, from the installed package {PATHS.third_party[name]}")
+            source = PATHS.third_party[name]
+            origin = f"{source} (not installed)" if source == EXTRA_PATHS_ENV else f"the installed package {source}"
+            print(f"    third-party path, from {origin}")
     for name, why in PATHS.refused.items():
         print(f"{name:28} refused   {why}")
     for known in KNOWN_ISSUES:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from harness.errors import UsageError
 from harness.registry import Registry
+from harness.settings import EXTRA_PATHS_ENV
+from harness.spec.architectures import named_targets
 
 if TYPE_CHECKING:
     from harness.paths.base import ReloadPath
@@ -98,33 +101,56 @@ class PathRegistry(Registry["type[ReloadPath]"]):
         self._loaded[name] = cls
 
     def load_entry_points(self) -> None:
-        """Register every installed package's paths; a refused one is kept in ``refused``."""
+        """Register every installed package's paths, then those ``REFIT_HARNESS_PATHS`` names
+        (tried without installing); a refused one is kept in ``refused``."""
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name in self.refused or ep.name in self.third_party:
-                continue
             dist = ep.dist.name if ep.dist is not None else "?"
-            try:
-                if ep.name in self._targets:
-                    raise PathRefused(
-                        f"reload path {ep.name!r} ({ep.value}, from {dist}) is refused: the name is taken by "
-                        f"{self._targets[ep.name]}"
-                    )
-                self.register_class(ep.name, ep.load(), ep.value)
-                self.third_party[ep.name] = dist
-            except PathRefused as exc:
-                self.refused[ep.name] = str(exc)
-            except Exception as exc:
-                first = (str(exc).strip().splitlines() or [""])[0]
-                self.refused[ep.name] = (
-                    f"reload path {ep.name!r} ({ep.value}, from {dist}) is refused: importing it failed: "
-                    f"{type(exc).__name__}: {first}"[:400]
+            self._register_third_party(ep.name, ep.value, f"from {dist}", dist, ep.load)
+        try:
+            named = named_targets(EXTRA_PATHS_ENV, os.environ.get(EXTRA_PATHS_ENV), "path")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        for name, target in named.items():
+            self._register_third_party(name, target, f"from {EXTRA_PATHS_ENV}", EXTRA_PATHS_ENV, _loader(target))
+
+    def _register_third_party(self, name: str, target: str, origin: str, source: str, load) -> None:
+        """Check and register one third-party class; ``source`` is what ``paths`` says it came from."""
+        if name in self.refused or name in self.third_party:
+            return
+        try:
+            if name in self._targets:
+                raise PathRefused(
+                    f"reload path {name!r} ({target}, {origin}) is refused: the name is taken by {self._targets[name]}"
                 )
+            self.register_class(name, load(), target)
+            self.third_party[name] = source
+        except PathRefused as exc:
+            self.refused[name] = str(exc)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            self.refused[name] = (
+                f"reload path {name!r} ({target}, {origin}) is refused: importing it failed: "
+                f"{type(exc).__name__}: {first}"[:400]
+            )
 
     def get(self, name: str) -> Any:
         self._ready()
         if name in self.refused:
             raise PathRefused(self.refused[name])
         return super().get(name)
+
+
+def _loader(target: str):
+    """A ``module:Class`` target's loader, as an entry point's ``load``."""
+
+    def load() -> Any:
+        module, _, qualname = target.partition(":")
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        return found
+
+    return load
 
 
 PATHS = PathRegistry()

@@ -37,11 +37,17 @@ FIXTURE_QUANT_METHODS = {
 """The planted quantized fixture's quantization methods (``quantization_config.quant_method``)."""
 
 
-def extra_architectures(value: str | None) -> dict[str, str]:
+def named_targets(env: str, value: str | None, what: str) -> dict[str, str]:
+    """``name=module:Class`` pairs, comma-separated, as the ``env`` variable gives them; a malformed
+    item raises ``ValueError`` naming the variable and what each name is (``Arch``, ``path``)."""
     pairs = {}
     for item in filter(None, (x.strip() for x in (value or "").split(","))):
-        arch, sep, target = item.partition("=")
+        name, sep, target = item.partition("=")
         if not sep or ":" not in target:
-            raise ValueError(f"{EXTRA_MODELS_ENV}: expected Arch=module:Class, got {item!r}")
-        pairs[arch.strip()] = target.strip()
+            raise ValueError(f"{env}: expected {what}=module:Class, got {item!r}")
+        pairs[name.strip()] = target.strip()
     return pairs
+
+
+def extra_architectures(value: str | None) -> dict[str, str]:
+    return named_targets(EXTRA_MODELS_ENV, value, "Arch")

@@ -121,6 +121,57 @@ def test_an_installed_package_without_a_twin_is_refused_and_listed(tmp_path):
     assert len(lines) == 1 and "no sabotaged twin" in lines[0], run.stderr
 
 
+def test_a_path_named_in_the_environment_is_tried_without_installing(tmp_path):
+    """``REFIT_HARNESS_PATHS=name=module:Class``: a module on PYTHONPATH, no distribution. The
+    twinned class is listed as available and said to come from the variable; a twinless one is
+    refused by the same contract; a malformed value is one line and exit 2."""
+    (tmp_path / "my_paths.py").write_text(
+        textwrap.dedent(
+            """
+            from harness.paths.base import ReloadPath
+
+            class Mine(ReloadPath):
+                name = "mine"
+                exercises = "reload_weights, from a module tried in place"
+                sabotage = "reload_weights from checkpoint A, the weights the engine already holds"
+
+                def refit(self, engine, checkpoint_dir, target):
+                    engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
+
+                def sabotaged_refit(self, engine, target):
+                    engine.rpc("reload_weights", {"weights_path": self.checkpoints.a})
+
+            class NoTwin(ReloadPath):
+                name = "notwin"
+                exercises = "reload_weights, no twin"
+
+                def refit(self, engine, checkpoint_dir, target):
+                    engine.rpc("reload_weights", {"weights_path": checkpoint_dir})
+            """
+        )
+    )
+
+    def paths(value: str) -> subprocess.CompletedProcess:
+        env = {**_env(), "PYTHONPATH": str(tmp_path), "REFIT_HARNESS_PATHS": value}
+        return subprocess.run(
+            [sys.executable, "-m", "harness.cli", "paths"], capture_output=True, text=True, timeout=120, env=env
+        )
+
+    listing = paths("mine=my_paths:Mine, notwin=my_paths:NoTwin, gone=my_paths:Missing")
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("mine "))
+    assert "available" in lines[at] and "from REFIT_HARNESS_PATHS (not installed)" in "\n".join(lines[at : at + 5])
+    notwin = next(line for line in lines if line.startswith("notwin "))
+    assert "refused" in notwin and "no sabotaged twin" in notwin and "(my_paths:NoTwin)" in notwin
+    gone = next(line for line in lines if line.startswith("gone "))
+    assert "importing it failed: AttributeError" in gone
+    bad = paths("mine-my_paths")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "refit-harness: error: REFIT_HARNESS_PATHS: expected path=module:Class, got 'mine-my_paths'"
+    ], bad.stderr
+
+
 def _env() -> dict[str, str]:
     import os
 
