@@ -39,6 +39,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from harness.builds.pip_report import LEFT_OUT as BESIDE_CPU_TORCH
 from harness.cache import key_lock, write_atomic
 from harness.errors import BuildError
 
@@ -57,9 +58,7 @@ BUILD_REQUIRES = (
 LEFT_OUT = {
     "torch": "the build's CPU torch stays (vLLM pins a +cpu torch this index may not have)",
     "triton": "a triton-cpu wheel from a URL outside any package index",
-    "torchvision": "breaks imports beside a CPU torch (text models need none)",
-    "torchaudio": "breaks imports beside a CPU torch (text models need none)",
-    "torchcodec": "breaks imports beside a CPU torch (text models need none)",
+    **{name: "breaks imports beside a CPU torch (text models need none)" for name in BESIDE_CPU_TORCH},
 }
 """Requirements of a CPU wheel that ``install_cpu_wheel`` does not install, and why."""
 

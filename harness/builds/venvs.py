@@ -28,14 +28,13 @@ import time
 from pathlib import Path
 
 from harness.builds.engine_deps import ENGINE_EXTRAS
+from harness.builds.pip_report import LEFT_OUT
 from harness.cache import key_lock, write_atomic
 from harness.errors import BuildError
 from harness.settings import BUILD_ENV, DEFAULT_CACHE
 from harness.spec.build import BuildSpec
 
 HARNESS_PACKAGE = Path(__file__).resolve().parents[1]
-# PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch; text models need none.
-CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
 STAMP = "build.json"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,39}$")
 
@@ -241,7 +240,7 @@ def create_build(
         _step(log, [str(python), "-m", "pip", "install", "-q", *target, *extras], f"install {vllm_spec}")
         _step(
             log,
-            [str(python), "-m", "pip", "uninstall", "-y", "-q", *CONFLICTING],
+            [str(python), "-m", "pip", "uninstall", "-y", "-q", *LEFT_OUT],
             "remove conflicting packages",
             check=False,
         )
