@@ -103,7 +103,8 @@ class VerdictRow:
     """Verdict on base2 (None: no noise run, or not run there)."""
     outcome: str
     """``same``, ``changed``, ``regressed`` (good on base, bad on pr), ``fixed in vLLM X`` (FAIL
-    or XFAIL on base, PASS on pr, whose vLLM is X: what a release fixed), ``unstable`` (base and
+    or XFAIL on base, PASS on pr, whose different vLLM is X: what a release fixed), ``fixed`` (the
+    same, on one vLLM: what the PR or the fixed twin fixed), ``unstable`` (base and
     base2 disagree), ``only in base`` or ``only in pr``."""
     base_reason: str
     """First reason on base."""
@@ -462,9 +463,13 @@ def _verdicts(ev: Evaluation | None) -> dict[str, tuple[str, str]]:
     return {v.path: (v.shown, v.reasons[0] if v.reasons else "") for v in ev.verdicts}
 
 
+def _vllm_of(ev: Evaluation) -> str:
+    return next((dict(a.environment).get("vllm") for a in ev.arms if a.environment), None) or "unknown"
+
+
 def verdict_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> tuple[VerdictRow, ...]:
     b, p, b2 = _verdicts(base), _verdicts(pr), _verdicts(base2)
-    pr_vllm = next((dict(a.environment).get("vllm") for a in pr.arms if a.environment), None) or "of pr"
+    base_vllm, pr_vllm = _vllm_of(base), _vllm_of(pr)
     rows = []
     for path in list(b) + [x for x in p if x not in b]:
         vb, vp, v2 = b.get(path, (None, ""))[0], p.get(path, (None, ""))[0], b2.get(path, (None, ""))[0]
@@ -477,7 +482,8 @@ def verdict_rows(base: Evaluation, pr: Evaluation, base2: Evaluation | None) -> 
         elif vb in GOOD_VERDICTS and vp in BAD_VERDICTS:
             outcome = "regressed"
         elif vb in FIXED_FROM and vp == "PASS":
-            outcome = f"fixed in vLLM {pr_vllm}"
+            # Only a different vLLM can be what fixed it; on one vLLM the fix is the PR's (or a twin's).
+            outcome = f"fixed in vLLM {pr_vllm}" if pr_vllm != base_vllm else "fixed"
         else:
             outcome = "changed"
         rows.append(

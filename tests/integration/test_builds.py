@@ -189,7 +189,7 @@ def test_fixed_twin_meets_base_fail_pr_pass_and_names_the_fixed_tensor(fixed_twi
     cmp = load(out / "comparison.json")
     assert [e["met"] for e in cmp["expectations"]] == [True, True]
     row = next(r for r in cmp["verdicts"] if r["path"] == "reload_weights")
-    assert (row["base"], row["pr"], row["outcome"]) == ("FAIL", "PASS", "changed")
+    assert (row["base"], row["pr"], row["outcome"]) == ("FAIL", "PASS", "fixed")
     fixed = [c for c in cmp["status_changes"] if c["decides"] and c["path"] == "reload_weights"]
     assert fixed and fixed[0]["tensor"].endswith("q_norm.weight_fp32"), fixed[:3]
     assert (fixed[0]["base"], fixed[0]["pr"]) == ("STALE", "OK")

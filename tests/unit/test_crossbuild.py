@@ -66,6 +66,8 @@ def test_fixed_pr_meets_base_fail_pr_pass_and_names_the_fixed_tensor():
     # ... and a PASS that stays a PASS, or a FAIL that stays, is no fix.
     assert [r.outcome for r in compare_builds(evaluation(), evaluation(vllm="0.34.0")).verdicts] == ["same"]
     assert [r.outcome for r in compare_builds(evaluation(subj=STALE), evaluation(subj=STALE)).verdicts] == ["same"]
+    # On one vLLM, the fix is the PR's, not a release's.
+    assert [r.outcome for r in compare_builds(evaluation(subj=STALE), evaluation()).verdicts] == ["fixed"]
     assert cmp.exit_code == 0 and all(e.met for e in cmp.expectations)
     deciding = [c for c in cmp.status_changes if c.decides]
     assert {(c.tensor, c.base, c.pr) for c in deciding} >= {("norm", "STALE", "OK")}
