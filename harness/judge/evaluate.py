@@ -117,7 +117,9 @@ def evaluate(out: Path) -> Evaluation:
         # The refit is compared with a cold B observed in the subject's own batch shapes.
         shaped = shape_reference(arm, own_ref_arm, record.plan.arms, results)
         if isinstance(shaped, Verdict):
-            verdicts.append(replace(shaped, path=path))
+            # A subject that itself died says why first: its reference was cancelled after it.
+            own = (subject.error,) if subject.error and not subject.observations else ()
+            verdicts.append(replace(shaped, path=path, reasons=(*own, *shaped.reasons)))
             continue
 
         def compared(
