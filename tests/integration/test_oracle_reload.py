@@ -347,7 +347,7 @@ def test_rebound_kernel_input_is_caught_and_its_in_place_twin_passes(run_oracle,
         "model.layers.0.self_attn.qkv_proj.<kernel-output>",
         "model.layers.0.self_attn.qkv_proj.<kernel-output+bias>",  # the probe with the layer's own bias
     ]
-    copies = rows(run, "tensors.csv", check="refit")
+    copies = rows(run, "tensors.csv", path="reload_weights", check="refit")  # not its twin
     copies = copies[copies["tensor"].str.endswith("norm.weight_fp32")]
     assert len(copies) == 4 and set(copies["status"]) == ({"REBOUND"} if verdict == "FAIL" else {"OK"})
     if verdict == "FAIL":
