@@ -1,7 +1,8 @@
 """The model zoo: one cell group per stock architecture family vLLM runs, each a tiny
-random checkpoint built from a transformers config (``harness.checkpoints.zoo``), in bf16 by default
-(what users run; ``--dtype float32`` for the fp32 grid). ``refit-harness run -s zoo``
-gives an architecture x path verdict grid.
+random checkpoint built from a transformers config (``harness.checkpoints.zoo``), in bf16 and
+fp16 (what users run: vLLM's x86 CPU backend runs both, and its kernels take a path per dtype;
+``--dtype float32`` for the fp32 grid). ``refit-harness run -s zoo`` gives an architecture x
+dtype x path verdict grid.
 
 Beside the stock families: a tied-embedding variant of each dense one (``<family>-tied``), and
 a Qwen3 with checkpoint KV-cache scales run with an fp8 KV cache (``qwen3-fp8kv``, its engine
@@ -11,6 +12,8 @@ from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES
 from harness.spec.scenario import ModelRef, ScenarioSpec
 from scenarios.default import CPU_PATHS
 
+ZOO_DTYPES = ("bfloat16", "float16")
+"""The zoo's dtypes: both half-precision formats vLLM's CPU backend supports on x86."""
 ZOO_FAMILIES = FAMILIES + TIED_FAMILIES + KV_FAMILIES
 ZOO_MODELS = tuple(ModelRef(label=f.label, builder=f"zoo:{f.label}", engine_args=f.engine_args) for f in ZOO_FAMILIES)
 
@@ -19,10 +22,10 @@ def zoo() -> ScenarioSpec:
     return ScenarioSpec(
         name="zoo",
         description=f"{len(FAMILIES)} stock architecture families, {len(TIED_FAMILIES)} tied-embedding variants and "
-        f"an fp8 KV cache with checkpoint scales x every CPU path, bf16",
+        f"an fp8 KV cache with checkpoint scales x every CPU path, bf16 and fp16",
         models=ZOO_MODELS,
         paths=CPU_PATHS,
-        dtypes=("bfloat16",),
+        dtypes=ZOO_DTYPES,
     )
 
 

@@ -4,8 +4,9 @@ scenario and the tests.
 Each is made deterministically from a transformers config (hidden 128, 2 layers,
 head_dim 32 where the backend allows it, vocabulary 512) and cached under the model
 cache beside the embedded tiny Qwen3, keyed by its recipe. Norm weights are drawn around
-their neutral value (1, or 0 where the model adds 1 itself, as Gemma does) and biases
-around 0, so a stale copy of any of them differs from the refreshed value.
+their neutral value (1, or 0 where the model adds 1 itself, as Gemma does), biases
+around 0 and attention-sink logits around 0, so a stale copy of any of them differs from the
+refreshed value.
 """
 
 from __future__ import annotations
@@ -134,6 +135,26 @@ FAMILIES: tuple[Family, ...] = (
         "(1 + w) norms, pre/post-FFN norms, QK-norm, sliding window",
         neutral_norm=0.0,
         dense=True,
+    ),
+    Family(
+        "granite-swa",
+        "GraniteSWAConfig",
+        "GraniteSWAForCausalLM",
+        "GraniteSWAForCausalLM",
+        _cfg(
+            **_COMMON,
+            **_ATTN,
+            intermediate_size=256,
+            rms_norm_eps=1e-6,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+            attention_multiplier=0.125,  # Granite's attention scale (1 / sqrt(head_dim) would be 0.177)
+            pad_token_id=0,  # its defaults (100256, 100257) lie outside the tiny vocabulary
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        "per-head attention sinks on every layer, a sliding-window and a full layer, Granite's multipliers "
+        "(vLLM's GraniteForCausalLM serves granite_swa checkpoints)",
     ),
     Family(
         "qwen3-moe",
@@ -535,6 +556,8 @@ def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
                 p.copy_(fam.neutral_norm + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias") and p.is_floating_point():
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".sinks"):  # per-head sink logits (transformers starts them at 0)
+                p.copy_(torch.randn(p.shape, generator=gen))
         # transformers keeps DeepSeek-V3's routing bias a zero buffer: drawn like a bias, after the
         # parameters so no other family's draws move.
         for name, b in hf_model.named_buffers():
