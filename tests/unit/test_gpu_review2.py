@@ -18,6 +18,11 @@ DEVICE_SCOPED: dict[str, str] = {
     "CPU: every reload in VLLM_RELOAD_MODE=direct raises: the linear post-load hook replaces the weight Parameters": (
         f"{CPU_KERNELS}: dispatch_cpu_unquantized_gemm registers a new, empty Parameter per linear"
     ),
+    "CPU: in fp16 the attention impl's float32 copy of the sinks, made on the first forward, is never "
+    "refreshed by a refit": (
+        f"{CPU_KERNELS}: _C's cpu_attention_with_kv_cache takes sinks in bf16 or float32 only, so the CPU "
+        "attention impl converts them (a CUDA backend's sinks path was not measured)"
+    ),
     "CPU: a tied lm_head keeps the kernel copy of the old embedding after every in-place refit": (
         f"{CPU_KERNELS}: the head's GEMM copy (SGL packed weight, oneDNN handle) is built by the CPU post-load hook"
     ),
