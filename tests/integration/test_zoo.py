@@ -345,7 +345,8 @@ def test_fp16_attention_sinks_keep_their_first_forward_copy_a_known_issue(fp16):
     assert grid(fp16) == {SINKS_FP16: {"reload_weights": "XFAIL"}}, fp16.output
     summary = json.loads((fp16.out / SINKS_FP16 / "summary.json").read_text())
     p = summary["paths"]["reload_weights"]
-    assert p["reasons"][0].startswith("known issue on cpu: ") and "attention sinks" in p["reasons"][0], p
+    assert p["reasons"][0].startswith("known issue on cpu: ") and "self.sinks.to(torch.float32)" in p["reasons"][0], p
+    assert p["headline"].startswith("known issue: CPU: in fp16 the attention impl's float32 copy of the sinks"), p
     assert p["sabotage"]["caught"], p["sabotage"]
     rows = [
         r
