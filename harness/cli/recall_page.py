@@ -26,12 +26,12 @@ def add_parsers(sub) -> None:
         "--update",
         action="store_true",
         help="re-measure some entries: put each run's entries into the committed record of its vLLM version "
-        "(DOCS/recall.json), replacing those it ran and adding new ones, instead of starting the page anew",
+        "(DOCS/recall.json), replacing those it ran and adding new ones, instead of starting the page anew; a run "
+        "on a vLLM version the record lacks becomes that version's column",
     )
 
 
 def cmd_recall_page(args: argparse.Namespace) -> int:
-    from harness.errors import UsageError
     from harness.report.recall import headline, load_page_records, load_record, page, updated_record
     from harness.run_dir import RunDir
 
@@ -44,8 +44,9 @@ def cmd_recall_page(args: argparse.Namespace) -> int:
             version = run["stock"].get("vllm")
             at = next((i for i, r in enumerate(records) if r["stock"].get("vllm") == version), None)
             if at is None:
-                raise UsageError(f"{docs / 'recall.json'} has no record of vLLM {version} to update")
-            records[at] = updated_record(records[at], run)
+                records.append(run)  # a version the page has no column for yet: its first
+            else:
+                records[at] = updated_record(records[at], run)
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "recall.json").write_text(json.dumps(records, indent=2) + "\n")
     (docs / "recall.md").write_text(page(records))

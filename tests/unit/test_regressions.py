@@ -486,3 +486,25 @@ def test_a_rerun_of_some_entries_updates_the_record_of_its_version():
     assert updated_record(committed, unmet)["all_met"] is False
     with pytest.raises(UsageError, match="give that run as a page of its own"):
         updated_record(committed, rerun | {"stock": {"vllm": "0.34.0"}})
+
+
+def test_recall_page_update_with_a_run_on_a_new_vllm_adds_its_column(tmp_path):
+    """``recall-page --update RUN`` where RUN is on a vLLM the committed record lacks: the page
+    keeps its columns and gains that version's, in the order given."""
+    import json
+
+    from harness.cli import main
+    from harness.run_dir import REGRESSIONS_RECORD
+
+    ok = {"caught": 1, "total": 1, "value": 1.0, "executable": {"caught": 1, "total": 1, "value": 1.0}}
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    committed = [_page_record("0.32.0", [_page_entry("a", "caught")], ok)]
+    (docs / "recall.json").write_text(json.dumps(committed))
+    run = tmp_path / "run034"
+    run.mkdir()
+    (run / REGRESSIONS_RECORD).write_text(json.dumps(_page_record("0.34.0", [_page_entry("a", "missed")], ok)))
+    assert main(["recall-page", "--update", "--docs", str(docs), str(run)]) == 0
+    records = json.loads((docs / "recall.json").read_text())
+    assert [r["stock"]["vllm"] for r in records] == ["0.32.0", "0.34.0"]
+    assert "| entry | vLLM 0.32.0 | vLLM 0.34.0 |" in (docs / "recall.md").read_text()
