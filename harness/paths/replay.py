@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from harness.paths import reload_path
 from harness.paths.base import Engine, ReloadPath
-from harness.spec.known_issues import KnownIssue
+from harness.spec.known_issues import THROUGH_034, KnownIssue
 from harness.spec.requirements import EngineRequirements, RefitTarget
 
 DELIVERIES = 2
@@ -38,7 +38,7 @@ class RetriedBuckets(ReloadPath):
     known_issues = (
         KnownIssue(
             device="cpu",
-            vllm=("==0.32.*",),
+            vllm=THROUGH_034,  # 0.34: the same error, and the repro holds (`-s regressions --build stock=...`)
             error_contains="object has no attribute 'weight_loader'",
             title="Layerwise reload finishes a fused layer early when part of it is sent twice, and the rest of "
             "the layer's loads then fail",
@@ -47,7 +47,7 @@ class RetriedBuckets(ReloadPath):
             "gate_proj's second copy brings gate_up_proj to its total (q and k do the same for qkv_proj), the "
             "layer is processed with up_proj's rows still the empty_strided allocation, and the CPU post-load "
             "hook swaps in a new Parameter; up_proj's load then raises AttributeError: 'Parameter' object has "
-            "no attribute 'weight_loader' (measured on 0.32 on the CPU, float32 and bfloat16). Where the "
+            "no attribute 'weight_loader' (measured on 0.32 on the CPU, float32 and bfloat16, and on a 0.34 CPU build). Where the "
             "parameter keeps its loader the late load is dropped as 'excessive loading' instead, silently. "
             "RFC vllm-project/vllm#48312; its fix #50075 was closed unmerged "
             "(repro/layerwise_duplicate_tensor_finishes_layer_early.py, docs/findings/layerwise-duplicate-tensor.md)",
