@@ -10,7 +10,7 @@ import tempfile
 from harness.paths import reload_path
 from harness.paths.base import Engine, ReloadPath, scratch_root
 from harness.paths.reload_weights import ReloadWeightsFromDirectory
-from harness.spec.known_issues import KnownIssue
+from harness.spec.known_issues import THROUGH_034, KnownIssue
 from harness.spec.requirements import EngineRequirements, RefitTarget
 
 
@@ -50,12 +50,12 @@ VLLM_42125 = KnownIssue(
     # The block hashes are computed by the scheduler, the same on every device.
     device=None,
     finding="docs/findings/lora-inplace-same-path-stale-prefix-cache.md",
-    vllm=("==0.32.*",),
+    vllm=THROUGH_034,  # 0.34 keys the blocks the same way: `-s rl-paths --build` and the repro, 2026-12-04
     reason=(
         "vLLM keys a LoRA request's prefix-cache blocks on the adapter's name and path only "
         "(v1/core/kv_cache_utils._gen_lora_extra_hash_keys), so after an in-place reload of new adapter weights "
         "written at the same path, the prompts are served from KV blocks computed with the previous adapter "
-        "(vllm #42125; PR #48352 keys on a content digest). Measured on 0.32 with vLLM alone: "
+        "(vllm #42125; PR #48352 keys on a content digest). Measured on 0.32 and a 0.34 CPU build with vLLM alone: "
         "repro/lora_inplace_same_path_stale_prefix_cache.py"
     ),
     title="In-place LoRA reload at the same path serves stale prefix-cache blocks (vllm #42125)",
