@@ -280,6 +280,19 @@ THROUGH_034 = ("==0.32.*", "==0.34.*")
 # its second refit). A cold start from saved state (sharded_state) is no refit, and passes.
 SINK_COPY_PATHS = MEASURED_MOE_PATHS + LIVE_REFIT_PATHS
 
+# vLLM 0.32's model classes that pass `sinks=` to their attention (grep of model_executor/models):
+# a model without sinks has no copy to leave behind, and must not be an XPASS of this issue.
+SINK_ARCHITECTURES = (
+    "GptOssForCausalLM",
+    "GraniteForCausalLM",  # granite_swa checkpoints (plain Granite has no sinks: an XPASS there)
+    "GraniteMoeForCausalLM",
+    "MiMoV2FlashForCausalLM",
+    "MiMoV2ForCausalLM",
+    "MiMoV2OmniForCausalLM",
+    "LagunaForCausalLM",
+    "DFlashQwen3ForCausalLM",
+)
+
 # vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
 WNA16_W4A8_PATHS = ("reload_weights",)
 
@@ -290,6 +303,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # Python in the CPU attention backend, not a kernel branch: every CPU; sinks run natively
         # in bf16 and float32, so only another dtype (float16) is converted.
         dtypes=("float16",),
+        architectures=SINK_ARCHITECTURES,
         paths=SINK_COPY_PATHS,
         tensor_kinds=("object",),
         tensor_pattern=r"\.attn\.impl\.sinks$",
