@@ -22,6 +22,9 @@ CPU_PATHS = (
     "prefix_cache",
     "compiled",
 )
+# A data-parallel engine (two engine cores) on the tiny model only: the zoo's MoE families would
+# run DP ranks that all-reduce every step, a cell of their own still unmeasured.
+DATA_PARALLEL_PATHS = ("http_dp_reload",)
 # The paths whose refit runs vLLM's reload lifecycle (reload_weights, or a weight-transfer engine's
 # start/finish), so the reload mode changes them; the rest are the same cells in either mode.
 DIRECT_PATHS = ("reload_weights", "reload_weights_iterator", "transfer_gloo", "http_reload")
@@ -35,10 +38,10 @@ ENGINE_CONFIGS = (
 def default() -> ScenarioSpec:
     return ScenarioSpec(
         name="default",
-        description="every CPU-capable reload path on the embedded tiny Qwen3, and the reload "
-        "paths again in vLLM's direct reload mode (0.34+)",
+        description="every CPU-capable reload path on the embedded tiny Qwen3 (one on a data-parallel "
+        "engine), and the reload paths again in vLLM's direct reload mode (0.34+)",
         models=(TINY,),
-        paths=CPU_PATHS,
+        paths=CPU_PATHS + DATA_PARALLEL_PATHS,
         engine_configs=ENGINE_CONFIGS,
     )
 

@@ -359,6 +359,9 @@ class HTTPEngine(EngineBase):
         cmd = serve_command(args.pop("model")) + serve_flags(args)
         if arm.requirements.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
+        self.data_parallel_size = arm.requirements.data_parallel_size
+        if self.data_parallel_size > 1:
+            cmd += ["--data-parallel-size", str(self.data_parallel_size)]
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")  # as users serve
         log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(log_dir / f"{arm.name}.server.log", "w")
@@ -406,10 +409,13 @@ class HTTPEngine(EngineBase):
             time.sleep(0.5)
         raise TimeoutError(f"vllm serve not healthy after {timeout_s:.0f} s (see {self._log.name})")
 
-    def _request(self, method: str, route: str, body: bytes | None, timeout: float) -> tuple[int, bytes]:
+    def _request(
+        self, method: str, route: str, body: bytes | None, timeout: float, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         conn = _UnixHTTPConnection(self.socket_path, timeout)
         try:
-            conn.request(method, route, body=body, headers={"Content-Type": "application/json"} if body else {})
+            sent = {"Content-Type": "application/json"} if body else {}
+            conn.request(method, route, body=body, headers={**sent, **(headers or {})})
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:
@@ -421,26 +427,30 @@ class HTTPEngine(EngineBase):
             raise HTTPError(f"GET {route} -> HTTP {status}: {raw[:500]!r}")
         return json.loads(raw)
 
-    def post(self, route: str, body: dict | None = None, timeout: float = 600.0) -> Any:
-        status, raw = self._request("POST", route, json.dumps(body or {}).encode(), timeout)
+    def post(
+        self, route: str, body: dict | None = None, timeout: float = 600.0, headers: dict[str, str] | None = None
+    ) -> Any:
+        status, raw = self._request("POST", route, json.dumps(body or {}).encode(), timeout, headers)
         if status >= 400:
             raise HTTPError(f"POST {route} -> HTTP {status}: {raw[:500]!r}")
         return json.loads(raw) if raw.strip() else None
 
     def rpc(self, method, kwargs=None):
+        # Under data parallelism vLLM sends the RPC to every rank and answers with rank 0's
+        # results alone (``DPLBAsyncMPClient.call_utility_async``): a census sees rank 0 only.
         return self.post("/collective_rpc", {"method": method, "kwargs": kwargs or {}})["results"]
 
-    def completion(self, body: dict) -> dict:
+    def completion(self, body: dict, headers: dict[str, str] | None = None) -> dict:
         """``/v1/completions`` of one greedy request that asks for logprobs. When the engine
         computed NaN or infinite logprobs (a refit that broke a kernel), the server cannot write
         them as JSON (HTTP 400, ``NON_FINITE_LOGPROBS``): then the same greedy tokens without
         them, each with a NaN logprob, as the engine itself returns them: a difference."""
         try:
-            return self.post("/v1/completions", body)
+            return self.post("/v1/completions", body, headers=headers)
         except HTTPError as exc:
             if NON_FINITE_LOGPROBS not in str(exc):
                 raise
-        response = self.post("/v1/completions", {**body, "logprobs": None})
+        response = self.post("/v1/completions", {**body, "logprobs": None}, headers=headers)
         tokens = response["choices"][0]["token_ids"]
         response["choices"][0]["logprobs"] = {
             "top_logprobs": [{f"token_id:{t}": math.nan} for t in tokens],
@@ -460,7 +470,7 @@ class HTTPEngine(EngineBase):
                 "return_tokens_as_token_ids": True,
                 "return_token_ids": True,
             }
-            response = self.completion(body)
+            response = self.completion(body, data_parallel_rank_header(i, self.data_parallel_size))
             choice = response["choices"][0]
             details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
             top = choice["logprobs"]["top_logprobs"] or []
@@ -550,6 +560,14 @@ class HTTPEngine(EngineBase):
         self._stop_server()
         self._log.close()
         shutil.rmtree(self._private, ignore_errors=True)
+
+
+def data_parallel_rank_header(prompt: int, data_parallel_size: int) -> dict[str, str]:
+    """The header that pins prompt ``prompt``'s request to data-parallel rank ``prompt mod
+    size`` (none without data parallelism), so every rank serves some observed prompts."""
+    if data_parallel_size <= 1:
+        return {}
+    return {"X-data-parallel-rank": str(prompt % data_parallel_size)}
 
 
 def serve_command(model: str) -> list[str]:

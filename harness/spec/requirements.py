@@ -49,6 +49,10 @@ class EngineRequirements:
     isolated: bool = False
     """The path gets an engine of its own: a refit vLLM may refuse midway (the raw
     ``load_weights`` on CPU) must not end the segments of other paths."""
+    data_parallel_size: int = 1
+    """``vllm serve --data-parallel-size``: engine cores (ranks) behind one API server, each
+    holding the whole model. Above 1 (``kind="http"`` only), observed greedy requests are pinned
+    round-robin to the ranks (``X-data-parallel-rank``), so every rank is judged against cold B."""
     lora: LoRARole | None = None
     """A LoRA engine (``enable_lora``): ``adapter``, the base stays at A and A, B, B' are the
     run's adapters (``--lora``, ``--lora-target``), served by every request; ``base``, adapter A

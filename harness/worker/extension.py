@@ -29,6 +29,17 @@ class RefitObserver:
     def refit_harness_ping(self) -> int:
         return int(getattr(self, "rank", 0))
 
+    def refit_harness_reload_on_data_parallel_rank(self, rank: int, weights_path: str) -> bool:
+        """``reload_weights(weights_path)`` on data-parallel rank ``rank`` only (a trainer that
+        refits one rank of a DP engine: the sabotaged twin of ``http_dp_reload``). True where it
+        reloaded. vLLM's DP client sends a collective RPC to every rank."""
+        # ``data_parallel_index``: a dense model's DP ranks run as independent DP=1 engines,
+        # whose ``data_parallel_rank`` vLLM resets to 0; the index keeps the rank.
+        if int(self.vllm_config.parallel_config.data_parallel_index) != int(rank):
+            return False
+        self.reload_weights(weights_path=weights_path)
+        return True
+
     def refit_harness_pace(self, seconds_per_step: float) -> None:
         """Hold each engine step that computes tokens for ``seconds_per_step`` (0: full speed).
 

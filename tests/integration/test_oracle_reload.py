@@ -18,6 +18,7 @@ PASSING_ON_CPU = (
     "discard_reload",
     "transfer_gloo",
     "http_reload",
+    "http_dp_reload",
     "http_weight_transfer",
     "dummy_start",
     "prefix_cache",
@@ -124,13 +125,19 @@ def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock)
         assert so["twin_verdict"] == "FAIL" and so["caught"], (name, so)
         if name == "prefix_cache":  # stale KV is no tensor: the tokens must show it
             assert so["evidence"] == "tokens" and "diverges from cold B at token" in so["detail"], so
+        elif name == "http_dp_reload":  # rank 1 is left at A, and the census only hears rank 0
+            assert so["evidence"] == "tokens" and so["detail"].startswith("caught: prompt 1 diverges"), so
         else:
             assert so["detail"].startswith(f"caught: {control} "), (name, so)
     twins = rows(stock, "tensors.csv", check="refit", tensor=control)
     twins = twins[twins["path"].str.endswith("~sabotage") & twins["status"].isin(["STALE", "CORRUPT"])]
     assert set(twins["path"]) == {twin_of(p) for p in PASSING_ON_CPU + ("reload_kernel_format",)} - {
-        "prefix_cache~sabotage"
+        "prefix_cache~sabotage",
+        "http_dp_reload~sabotage",
     }
+    # The data-parallel twin: the prompts pinned to rank 1 (odd) keep A's tokens, rank 0's match.
+    dp = rows(stock, "tokens.csv", path="http_dp_reload~sabotage", check="refit")
+    assert set(dp[dp["first_divergence"].notna()]["prompt"]) == set(dp["prompt"][dp["prompt"] % 2 == 1]), dp
     html = (stock.out / "index.html").read_text()
     assert "id='sabotage'" in html and "its sabotaged twin was caught" in (stock.out / "summary.md").read_text()
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from harness import store
-from harness.arm.engines import engine_args, serve_flags
+from harness.arm.engines import data_parallel_rank_header, engine_args, serve_flags
 from harness.builds.engine_fields import engine_fields
 from harness.cli import build_parser
 from harness.cli.run import with_run_flags
@@ -373,3 +373,12 @@ def test_run_s_checks_every_configuration_before_the_first_engine(tmp_path, monk
     with pytest.raises(UsageError, match="kv_cache_dtyp: not an EngineArgs field"):
         run_scenario(args, None, ())
     assert not started
+
+
+def test_data_parallel_requests_are_pinned_round_robin_so_every_rank_is_observed():
+    """Unpinned, vLLM's DP balancer may send every one-at-a-time request to rank 0, and a rank
+    left at A would never be observed (the twin of ``http_dp_reload`` would pass)."""
+    assert [data_parallel_rank_header(i, 2) for i in range(4)] == [
+        {"X-data-parallel-rank": str(r)} for r in (0, 1, 0, 1)
+    ]
+    assert data_parallel_rank_header(3, 1) == {}  # no data parallelism: no header vLLM would refuse

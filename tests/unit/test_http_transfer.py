@@ -141,7 +141,7 @@ def test_non_finite_logprobs_over_http_are_observed_as_nan_not_an_arm_error():
 
     asked: list[dict] = []
 
-    def post(route: str, body: dict) -> dict:
+    def post(route: str, body: dict, headers: dict | None = None) -> dict:
         asked.append(body)
         if body["logprobs"] is not None:
             raise HTTPError(f'POST {route} -> HTTP 400: b\'{{"error":{{"message":"{NON_FINITE_LOGPROBS}"}}}}\'')
@@ -150,6 +150,7 @@ def test_non_finite_logprobs_over_http_are_observed_as_nan_not_an_arm_error():
     engine = HTTPEngine.__new__(HTTPEngine)
     engine.post = post
     engine._model_name = lambda: "m"
+    engine.data_parallel_size = 1
     (out,) = engine.generate(PromptSpec(token_ids=((1, 2, 3),), max_tokens=3))
     assert [b["logprobs"] for b in asked] == [5, None]
     assert out.token_ids == (0, 0, 7)
@@ -158,7 +159,7 @@ def test_non_finite_logprobs_over_http_are_observed_as_nan_not_an_arm_error():
     tokens, chosen = engine.complete((1, 2, 3), 3)
     assert tokens == (0, 0, 7) and all(map(math.isnan, chosen)) and len(chosen) == 3
 
-    def refuses(route: str, body: dict) -> dict:
+    def refuses(route: str, body: dict, headers: dict | None = None) -> dict:
         raise HTTPError(f"POST {route} -> HTTP 400: b'prompt too long'")
 
     engine.post = refuses
