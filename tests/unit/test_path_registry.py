@@ -31,8 +31,13 @@ class _WithTwin(_Twinless):
 
 def test_every_built_in_path_keeps_the_contract():
     # An empty registry would keep this loop green: the built-ins must be there to be checked.
-    assert len(PATHS.names()) >= len(BUILTIN_MODULES), PATHS.names()
-    for name in PATHS.names():
+    names = PATHS.names()
+    assert names and BUILTIN_MODULES, "the reload-path registry is empty"
+    assert len(names) >= len(BUILTIN_MODULES), names
+    # Every built-in module registers at least one path.
+    registered_by = {PATHS.get(name).__module__ for name in names}
+    assert {f"harness.paths.{m}" for m in BUILTIN_MODULES} <= registered_by, registered_by
+    for name in names:
         assert contract_violation(name, PATHS.get(name)) is None, name
 
 
