@@ -16,7 +16,8 @@ The code follows the data, one way, across three processes:
     CPU from its source distribution).
   - ``report/``: HTML, Markdown, JSON and CSV, from an evaluation (records only).
 - Arm process (one engine's lifetime, ``python -m harness.arm.process``): ``arm/`` (the arm,
-  its engines, the weight-transfer trainer) runs the ``paths/`` (one kind of refit each). On a
+  its engines, the preflight) runs the ``paths/`` (one kind of refit each), which drive the
+  ``machinery/`` (the live trainer, the weight transfer, Ray placement, in-flight requests). On a
   CPU, most arms are forked from a warm interpreter that imported vLLM once
   (``arm/zygote.py``, started by ``orchestrate/forking.py``): the same program, 9-12 s sooner.
 - vLLM's worker processes: ``worker/`` (the worker extension, the tensor census, the

@@ -6,8 +6,36 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.run_dir import RunDir
+
+CLI = (sys.executable, "-m", "harness.cli")
+"""``refit-harness``, as this interpreter starts it."""
+
+
+def cli(
+    *args: str | Path,
+    env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``refit-harness ARGS`` run to its end in a subprocess of this interpreter: its exit code,
+    stdout and stderr (text). ``env``: its whole environment (None: this process's);
+    ``extra_env``: set on top of that; ``timeout``: seconds before it is killed
+    (``subprocess.TimeoutExpired``)."""
+    base = os.environ if env is None else env
+    return subprocess.run(
+        [*CLI, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env=None if env is None and not extra_env else {**base, **(extra_env or {})},
+    )
 
 
 @dataclass(frozen=True)
@@ -23,7 +51,7 @@ class OracleRun:
 
     @property
     def summary(self) -> dict:
-        return json.loads((self.out / "summary.json").read_text())
+        return json.loads(RunDir(self.out).summary_json.read_text())
 
     def csv(self, name: str):
         import pandas as pd
@@ -32,12 +60,6 @@ class OracleRun:
 
 
 def run_cli(args: list[str], out: Path, extra_env: dict[str, str] | None = None, timeout: float = 1200) -> OracleRun:
-    env = dict(os.environ, **(extra_env or {}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    """``refit-harness ARGS --out OUT`` (``cli``), and what it left in ``out``."""
+    proc = cli(*args, "--out", out, extra_env=extra_env, timeout=timeout)
     return OracleRun(exit_code=proc.returncode, out=out, output=proc.stdout + proc.stderr)

@@ -275,7 +275,7 @@ class RayEngine(EngineBase):
                     }
                 },
             )
-        from harness.arm.placement import engine_actor_options, engine_placement_group
+        from harness.machinery.placement import engine_actor_options, engine_placement_group
 
         self._ray = ray
         self.placement_group = None

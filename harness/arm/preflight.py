@@ -23,7 +23,7 @@ engine or touching a GPU. Everything that can be checked without CUDA is:
   imports (the HPC cell's ``hpc``); a missing one is a SKIP with the install steps, not a problem.
 - **placement**: every arm's Ray actor on a machine of N GPUs, then, inside a Ray with exactly
   the GPUs the arm holds, the engine's placement group, the ``LLM`` actor, vLLM's Ray workers
-  and every trainer rank, with the options the arm uses (``harness.arm.placement``); a
+  and every trainer rank, with the options the arm uses (``harness.machinery.placement``); a
   colocated trainer rank must land on its worker's GPU.
 """
 
@@ -42,7 +42,7 @@ from typing import Any
 from unittest import mock
 
 from harness import store
-from harness.arm.placement import (
+from harness.machinery.placement import (
     PlacementError,
     engine_actor_options,
     engine_placement_group,
@@ -111,14 +111,14 @@ def transport_stops(backend: str, rank: int) -> list[tuple[str, dict[str, Any]]]
             (W + "sharded_rdt_trainer.ShardedRDTTrainerWeightTransferEngine._spawn_server", {"side_effect": _stop})
         ],
         # The harness's CPU twin: its trainer binds its store, asks the workers to join, then joins.
-        "gloo": [("harness.arm.transfer._gloo_group", {"side_effect": _stop})],
+        "gloo": [("harness.machinery.transfer._gloo_group", {"side_effect": _stop})],
     }.get(backend, [])
 
 
 def dry_connect(path, backend: str, world_size: int, rank: int) -> tuple[str, dict[str, Any] | None]:
     """Trainer rank ``rank``'s real ``TrainerActor.connect`` up to its transport: ``(how far it
     got, the init payload it sent the workers)``; vLLM's own refusals propagate."""
-    from harness.arm.transfer import TrainerActor
+    from harness.machinery.transfer import TrainerActor
 
     actor = TrainerActor(None, path.trainer_fields(world_size, rank), backend, path.checkpoints.a)
     actor.client = RecordingClient()
@@ -258,7 +258,7 @@ def check_update_payload(arm: ArmPlan, placed: TransferLayout, where: str) -> li
     """The first round's update payload, built as the backend builds it, validated by vLLM."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from harness.arm.transfer import checkpoint_source, sparse_patches
+    from harness.machinery.transfer import checkpoint_source, sparse_patches
 
     backend = placed.backend
     engine_cls = WeightTransferEngineFactory._registry[backend]()
@@ -529,7 +529,7 @@ def check_placement(request: PreflightRequest) -> list[Finding]:
 
 def _place_inside(ray, hold, gate, placed: TransferLayout, arm_gpus: float, where: str, timeout: float) -> Finding:
     """The engine, its Ray workers and the trainer ranks, placed together in a Ray of
-    ``arm_gpus``, with the options the arm gives them (``harness.arm.placement``)."""
+    ``arm_gpus``, with the options the arm gives them (``harness.machinery.placement``)."""
     what = f"{placed.backend} TP {placed.tensor_parallel_size} in the arm's {arm_gpus:g} GPU(s)"
     pg = None
     try:

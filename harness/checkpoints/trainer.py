@@ -1,7 +1,7 @@
 """The trainer paths' targets: the live trainer's weights after each optimizer step, saved
 once with ``save_pretrained`` and cached, so every per-step cold start reads them.
 
-The training itself runs on the engine side (``python -m harness.arm.trainer``, torch and
+The training itself runs on the engine side (``python -m harness.machinery.trainer``, torch and
 transformers), in a process of its own: the parent only starts it and names its output.
 """
 
@@ -61,7 +61,7 @@ def trainer_steps(
     cmd = [
         sys.executable,
         "-m",
-        "harness.arm.trainer",
+        "harness.machinery.trainer",
         model,
         str(dest),
         "--steps",

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.common import progress
+from harness.run_dir import INDEX_HTML
 
 
 def add_parsers(sub) -> None:
@@ -13,7 +14,7 @@ def add_parsers(sub) -> None:
     compare.set_defaults(handler=cmd_compare)
     compare.add_argument(
         "base",
-        help="the base build's run, or scenario directory (as 'run' printed it: the directory or its index.html)",
+        help=f"the base build's run, or scenario directory (as 'run' printed it: the directory or its {INDEX_HTML})",
     )
     compare.add_argument("pr", help="the same of the build under review; two scenarios are compared group by group")
     compare.add_argument("--noise", metavar="RUN_BASE2", help="base run again: the run-to-run noise floor")

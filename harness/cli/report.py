@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.cli.common import exit_for, set_out
 from harness.errors import UsageError
+from harness.run_dir import INDEX_HTML
 
 
 def add_parsers(sub) -> None:
@@ -16,7 +17,7 @@ def add_parsers(sub) -> None:
         "dir",
         nargs="+",
         help="the directory 'run' printed (a run, a scenario such as make run's, or a run of several builds) or "
-        "its index.html; with --grid, one or more scenario run directories",
+        f"its {INDEX_HTML}; with --grid, one or more scenario run directories",
     )
     report.add_argument(
         "--out",

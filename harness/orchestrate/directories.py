@@ -20,7 +20,7 @@ from typing import Literal
 
 from harness.errors import UsageError
 from harness.orchestrate.execute import Progress
-from harness.run_dir import INDEX_HTML, RunDir
+from harness.run_dir import COMPARISON, INDEX_HTML, RUN_RECORD, SUMMARY_JSON, RunDir
 
 Kind = Literal["run", "scenario", "builds"]
 
@@ -51,7 +51,7 @@ def kind_of(directory: Path) -> Kind:
     if d.comparison.is_file():
         return "builds"
     raise UsageError(
-        f"{directory} holds no run (run.json), scenario (summary.json) or comparison of builds (comparison.json): "
+        f"{directory} holds no run ({RUN_RECORD}), scenario ({SUMMARY_JSON}) or comparison of builds ({COMPARISON}): "
         "give the directory 'refit-harness run' printed"
     )
 
@@ -145,7 +145,7 @@ def _rejudge_scenario(source: Path, target: Path, progress: Progress) -> tuple[i
             model = ModelRef(group, path=ev.record.spec.model)
             per_build.setdefault(build, []).append((CellGroup(id=group, model=model, spec=ev.record.spec), ev))
     if not per_build:
-        raise UsageError(f"{source}: no cell group of scenario {summary['scenario']!r} has a run.json")
+        raise UsageError(f"{source}: no cell group of scenario {summary['scenario']!r} has a {RUN_RECORD}")
     comparisons: dict[str, tuple[str, int]] = {}
     for group, c in (summary.get("comparisons") or {}).items():
         stored = source / c["link"]

@@ -69,8 +69,8 @@ class HTTPWeightTransfer(ReloadPath):
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget, exclude: tuple[str, ...] = ()) -> None:
         import requests_unixsocket
 
-        from harness.arm.in_flight import InFlight
-        from harness.arm.transfer import checkpoint_source
+        from harness.machinery.in_flight import InFlight
+        from harness.machinery.transfer import checkpoint_source
 
         server: Any = engine  # an HTTPEngine: the path's requirements ask for ``vllm serve``
         backend = self.requirements.weight_transfer_backend or "gloo"
@@ -116,8 +116,8 @@ class HTTPWeightTransfer(ReloadPath):
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.plugins import load_general_plugins
 
-        from harness.arm.transfer import trainer_init_info, trainer_source
         from harness.loopback import free_port
+        from harness.machinery.transfer import trainer_init_info, trainer_source
 
         load_general_plugins()  # the harness's gloo trainer engine, registered in this process too
         ranks = len(server.rpc("refit_harness_ping"))

@@ -1,6 +1,6 @@
 """A live trainer refits the engine after every optimizer step.
 
-The trainer (``harness.arm.trainer``: a transformers model of A in fp32, AdamW, next-token
+The trainer (``harness.machinery.trainer``: a transformers model of A in fp32, AdamW, next-token
 loss over the prompts) runs in the arm process, outside vLLM's processes; the engine is
 ``vllm.LLM`` in a Ray actor, as RL frameworks run it. After each step the trainer sends its
 ``named_parameters()`` under its own names and in fp32:
@@ -63,7 +63,7 @@ class TrainerPath(ReloadPath):
 
     def _trainer(self):
         if self.trainer is None:
-            from harness.arm.trainer import Trainer
+            from harness.machinery.trainer import Trainer
 
             if self.spec is None:
                 raise ValueError(f"{self.name} runs in an arm planned with a trainer spec (ArmPlan.trainer)")
@@ -102,7 +102,7 @@ class TrainerStepsGloo(TrainerPath):
         self.sender: Any = None
 
     def send(self, engine: Engine, tensors: list) -> None:
-        from harness.arm.transfer import TensorSource
+        from harness.machinery.transfer import TensorSource
 
         if self.sender is None:
             self.sender = self._connect(engine)
@@ -114,7 +114,7 @@ class TrainerStepsGloo(TrainerPath):
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.plugins import load_general_plugins
 
-        from harness.arm.transfer import TensorSource, trainer_init_info
+        from harness.machinery.transfer import TensorSource, trainer_init_info
 
         load_general_plugins()  # the harness's gloo trainer engine, registered in this process
         ranks = len(engine.rpc("refit_harness_ping"))

@@ -66,9 +66,9 @@ class WeightTransferPath(ReloadPath):
         """Start the trainer ranks where the layout puts them, and rendezvous with the engine."""
         import ray
 
-        from harness.arm.placement import trainer_actor_options, wait_placed
-        from harness.arm.transfer import TrainerActor
         from harness.loopback import HOST, free_port
+        from harness.machinery.placement import trainer_actor_options, wait_placed
+        from harness.machinery.transfer import TrainerActor
 
         ranks = len(engine.rpc("refit_harness_ping"))
         placed = layout(self.backend, ranks, cuda_available())

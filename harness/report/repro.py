@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.judge.evaluation import Evaluation
 from harness.judge.verdict import VerdictStatus
+from harness.run_dir import REPRO
 
 # path -> (extra LLM(...) arguments, lines that refit `llm` to `b`), public vLLM API only.
 REFITS: dict[str, tuple[dict, str]] = {
@@ -41,7 +42,7 @@ started on checkpoint A to checkpoint B ({path}) differ from a cold start on B.
 Measured: vLLM {vllm}, torch {torch}, {device}, dtype {dtype}, model class {architecture}.{fixture}
 Verdict there: {verdict}. {reason}
 
-Usage: python repro.py [A_DIR B_DIR]   (defaults: the checkpoints of the original run)
+Usage: python {script} [A_DIR B_DIR]   (defaults: the checkpoints of the original run)
 Exit code: 1 when the token lists differ, or when the logprobs of the generated tokens differ
 by more than LOGPROB_TOLERANCE (refit-harness's tolerance plus the difference measured between
 two cold starts); 0 otherwise.
@@ -154,6 +155,7 @@ def repro_script(ev: Evaluation) -> str | None:
         (r for r in verdict.reasons if "diverges at token" in r), verdict.reasons[0] if verdict.reasons else ""
     )
     return _TEMPLATE.format(
+        script=REPRO,
         title=f"refit-harness repro: {verdict.path} on {architecture} ({verdict.status.value})",
         path=verdict.path,
         vllm=env.get("vllm", "?"),

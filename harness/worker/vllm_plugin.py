@@ -61,4 +61,4 @@ def register_gloo_transfer() -> None:
         (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine"),
     ):
         if not transfer_backend_registered(factory, "gloo"):  # the plugin runs once per process, but be idempotent
-            factory.register_engine("gloo", "harness.arm.transfer", cls)
+            factory.register_engine("gloo", "harness.machinery.transfer", cls)

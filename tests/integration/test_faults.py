@@ -18,7 +18,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +28,7 @@ from harness.checkpoints.prepare import prepare
 from harness.checkpoints.tiny import tiny_qwen3
 from harness.orchestrate.runner import ARM_MODULE, run_processes
 from harness.settings import RUN_MARKER
+from tests.helpers import CLI, cli
 
 pytestmark = [pytest.mark.cpu]
 
@@ -75,9 +75,7 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
     env = dict(os.environ, **{RUN_MARKER: marker})
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "harness.cli",
+            *CLI,
             "run",
             "--model",
             str(tiny_qwen3()),
@@ -229,23 +227,7 @@ def _faulty_run(out: Path, fault: str, *args: str) -> tuple[subprocess.Completed
     N counting the cold start as 1), with the run's own marker to find what it leaves behind."""
     marker = uuid.uuid4().hex
     env = dict(os.environ, REFIT_HARNESS_PLANTED_FAULT=fault, **{RUN_MARKER: marker})
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "run",
-            "--out",
-            str(out),
-            "--model",
-            str(tiny_qwen3(architecture=FAULTY)),
-            *args,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = cli("run", "--out", str(out), "--model", str(tiny_qwen3(architecture=FAULTY)), *args, env=env, timeout=900)
     assert not run_processes(marker=marker), "a process of the run outlived it"
     assert (out / "index.html").is_file() and (out / "summary.md").is_file(), proc.stderr[-3000:]
     return proc, json.loads((out / "summary.json").read_text())["paths"]

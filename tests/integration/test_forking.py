@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,13 +18,14 @@ from harness.checkpoints.tiny import tiny_qwen3
 from harness.orchestrate.runner import run_processes
 from harness.records import ArmResult
 from harness.settings import RUN_MARKER
+from tests.helpers import CLI
 
 pytestmark = [pytest.mark.cpu]
 
 
 def test_forked_arms_earn_the_same_pass_and_leave_nothing_running(tmp_path):
     marker, out = uuid.uuid4().hex, tmp_path / "run"
-    cmd = [sys.executable, "-m", "harness.cli", "run", "--model", str(tiny_qwen3()), "--paths", "reload_weights"]
+    cmd = [*CLI, "run", "--model", str(tiny_qwen3()), "--paths", "reload_weights"]
     proc = subprocess.Popen(
         [*cmd, "--no-reuse-reference", "--out", str(out)],
         env=dict(os.environ, **{RUN_MARKER: marker}),

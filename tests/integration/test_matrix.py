@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
+from tests.helpers import CLI, cli
 
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
@@ -47,9 +48,7 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     out = tmp_path / "run"
     cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
+        *CLI,
         "run",
         "--model",
         str(tiny_qwen3()),
@@ -81,12 +80,7 @@ def test_killed_engine_is_an_error_cell_and_resume_finishes_only_it(tmp_path):
     assert (out / "index.html").exists() and (out / "tensors.csv").exists()
     assert not _processes_mentioning(str(out)), "an engine of the run outlived it"
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--resume", str(out), "--no-reuse-reference"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    resumed = cli("run", "--resume", str(out), "--no-reuse-reference", timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     for arm in ("reference", "noise", "subject-reload_weights"):
         assert f"{arm}: already finished, kept" in resumed.stderr

@@ -7,20 +7,14 @@ GPUs, as before issue 20), and the fixed 64 MiB fp32 KV cache the nightly had.""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 from harness.orchestrate import preflight
 from scenarios import SCENARIOS
+from tests.helpers import cli
 
 
 def test_the_gpu_nightly_passes_its_preflight_on_1_2_and_4_gpus():
-    run = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "preflight", "-s", "gpu-nightly", "--gpus", "1,2,4"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    run = cli("preflight", "-s", "gpu-nightly", "--gpus", "1,2,4", timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "no problems" in run.stdout
     # Cells that need more GPUs than a machine has are SKIPPED there, with the reason.

@@ -23,6 +23,7 @@ import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
 from harness.loopback import free_ports
+from tests.helpers import cli
 
 pytestmark = [pytest.mark.cpu]
 REPO = Path(__file__).resolve().parents[2]
@@ -151,27 +152,20 @@ def _end(proc: subprocess.Popen) -> None:
 def test_arms_run_on_a_second_node_and_return_through_the_object_store(two_node_cluster, tmp_path):
     cluster = two_node_cluster
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "run",
-            "--model",
-            str(tiny_qwen3()),
-            "--paths",
-            "reload_weights",
-            "--ray-address",
-            cluster["address"],
-            "--ray-resource",
-            "refit_worker=1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    proc = cli(
+        "run",
+        "--model",
+        str(tiny_qwen3()),
+        "--paths",
+        "reload_weights",
+        "--ray-address",
+        cluster["address"],
+        "--ray-resource",
+        "refit_worker=1",
+        "--out",
+        str(out),
         env=cluster["env"],
+        timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.checkpoints.tiny import TINY_QWEN3, tiny_qwen3
+from tests.helpers import cli
 
 pytestmark = [pytest.mark.cpu]
 
@@ -30,24 +30,7 @@ def _head_dim_16(dest: Path) -> Path:
 
 
 def _run(model: Path | str, out: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "run",
-            "--model",
-            str(model),
-            "--out",
-            str(out),
-            "--paths",
-            "reload_weights",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
+    proc = cli("run", "--model", str(model), "--out", str(out), "--paths", "reload_weights", env=env, timeout=900)
     return proc, json.loads((out / "summary.json").read_text())["paths"]["reload_weights"]
 
 

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
 from harness.settings import SCREENSHOTS_ENV
+from tests.helpers import cli
 
 CHROMIUM = shutil.which("chromium")
 FLAGS = [
@@ -193,24 +193,17 @@ def test_the_scenario_grid_fits_a_1280_pixel_window(tmp_path):
 def test_comparison_page_renders_its_grid_and_plots(fixed_twin_runs, tmp_path):
     base, pr = fixed_twin_runs
     out = tmp_path / "compare"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "compare",
-            str(base.out),
-            str(pr.out),
-            "--allow-model-mismatch",  # the fixture and its fixed twin: two model classes, one set of weights
-            "--expect",
-            "base=FAIL",
-            "--expect",
-            "pr=PASS",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = cli(
+        "compare",
+        str(base.out),
+        str(pr.out),
+        "--allow-model-mismatch",
+        "--expect",
+        "base=FAIL",
+        "--expect",
+        "pr=PASS",
+        "--out",
+        str(out),
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

@@ -6,11 +6,11 @@ verdicts are earned: base PASS (twin caught), pr FAIL, base2 as the floor."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import cli
 
 pytestmark = [pytest.mark.cpu]
 DIFF = Path(__file__).resolve().parents[1] / "data" / "review" / "pr-shaped.diff"
@@ -18,24 +18,17 @@ DIFF = Path(__file__).resolve().parents[1] / "data" / "review" / "pr-shaped.diff
 
 def test_a_review_of_a_diff_reinjecting_a_known_bug_tells_base_from_pr(tmp_path):
     out = tmp_path / "review"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "review",
-            str(DIFF),
-            "--paths",
-            "prefix_cache",
-            "--expect",
-            "base=PASS",
-            "--expect",
-            "pr=FAIL",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = cli(
+        "review",
+        str(DIFF),
+        "--paths",
+        "prefix_cache",
+        "--expect",
+        "base=PASS",
+        "--expect",
+        "pr=FAIL",
+        "--out",
+        str(out),
         timeout=3000,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from harness.cache import STAGING
 from harness.checkpoints.tiny import tiny_qwen3
 from harness.settings import CACHE_ENV, REUSE_ENV
+from tests.helpers import CLI
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
@@ -30,9 +30,7 @@ def test_two_runs_started_together_on_one_empty_cache_both_pass(tmp_path):
     runs = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "harness.cli",
+                *CLI,
                 "run",
                 "--model",
                 model,

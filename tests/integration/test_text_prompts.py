@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
 from harness.checkpoints.tiny import tiny_qwen3
 from harness.spec.prompts import PROMPT_QUESTIONS
+from tests.helpers import cli
 
 pytestmark = [pytest.mark.cpu]
 
@@ -26,23 +25,7 @@ def test_text_prompts_run_and_the_report_shows_the_decoded_outputs(tmp_path):
     model, out = tmp_path / "model", tmp_path / "out"
     shutil.copytree(tiny_qwen3(), model)
     char_tokenizer().save(str(model / "tokenizer.json"))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "run",
-            "--model",
-            str(model),
-            "--out",
-            str(out),
-            "--paths",
-            "reload_weights",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = cli("run", "--model", str(model), "--out", str(out), "--paths", "reload_weights", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = json.loads((out / "run.json").read_text())["data"]["plan"]["arms"][0]["prompts"]
     assert all(t.endswith(" " + q) for t, q in zip(plan["texts"], PROMPT_QUESTIONS)), plan["texts"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import cli, run_cli
 
 pytestmark = [pytest.mark.cpu]
 EXAMPLE = Path(__file__).parents[2] / "examples" / "bucketed_sync"
@@ -34,13 +34,7 @@ def installed(tmp_path_factory) -> dict[str, str]:
 
 
 def test_the_installed_package_path_is_listed_as_third_party(installed):
-    listing = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "paths"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, **installed),
-    )
+    listing = cli("paths", extra_env=installed, timeout=120)
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("bucketed_sync "))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +14,7 @@ from harness.judge.accuracy import DIFFERS, NO_POWER, SAME, extract_answer, judg
 from harness.judge.crossbuild import NO_DIFFERENCE, compare_builds
 from harness.records import ArmResult, Completions
 from harness.spec.run import AccuracySpec
+from tests.helpers import cli
 from tests.records import probe
 from tests.unit.test_crossbuild import evaluation
 
@@ -82,10 +81,6 @@ def test_bad_files_are_refused_naming_the_line(tmp_path, content, message):
     f.write_text(content)
     with pytest.raises(AccuracyFileError, match=message):
         read_accuracy_file(f)
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from harness.builds import venvs as builds
 from harness.builds.venvs import build_env, build_key, parse_build, shim_dir
 from harness.errors import BuildError
 from harness.spec.build import BuildSpec
+from tests.helpers import cli
 
 
 def test_parse_build_accepts_a_venv_or_an_interpreter(tmp_path):
@@ -76,10 +77,6 @@ def _has(dist: str) -> bool:
         return True
     except PackageNotFoundError:
         return False
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize(

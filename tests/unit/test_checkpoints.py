@@ -131,7 +131,7 @@ def test_one_safetensors_reader_headers_and_tensors_in_data_order(ckpt, tmp_path
     assert names != sorted(names)  # the int64 tensor lies first: data order is not name order
     assert [name for name, _ in safetensors_files.tensors([f], exclude=["w"], only=["w", "bias"])] == ["bias"]
     pytest.importorskip("vllm")
-    from harness.arm.transfer import CheckpointSource
+    from harness.machinery.transfer import CheckpointSource
     from harness.worker import vllm_compat
 
     source = CheckpointSource(ckpt, exclude=("bias",))

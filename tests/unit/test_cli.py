@@ -1,14 +1,6 @@
-import os
-import subprocess
-import sys
-
 import pytest
 
-
-def cli(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
+from tests.helpers import cli
 
 
 @pytest.mark.parametrize(
@@ -53,24 +45,8 @@ def test_a_mismatched_target_or_a_missing_control_tensor_is_exit_2_before_any_en
         (("--target", str(b)), "--target " + str(b) + ": tensor 'w' is F32 [8, 5], A's is F32 [8, 4]"),
         (("--control-tensor", "model.norm.weight"), "positive-control tensor 'model.norm.weight' is not in"),
     ):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "harness.cli",
-                "run",
-                "--model",
-                str(a),
-                *args,
-                "--executor",
-                "local",
-                "--out",
-                str(tmp_path / "o"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, **env_cache},
+        proc = cli(
+            "run", "--model", a, *args, "--executor", "local", "--out", tmp_path / "o", extra_env=env_cache, timeout=120
         )
         assert proc.returncode == 2, proc.stderr
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("refit-harness: error:")]

@@ -5,8 +5,6 @@ the override, recorded, and used to scope known issues and refuse cross-ISA comp
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from harness import cpu_isa
 from harness.errors import CompareError, UsageError
 from harness.records import CpuCapabilities, KernelPath
 from harness.spec.known_issues import KNOWN_ISSUES, KnownIssue
+from tests.helpers import cli
 
 # The "flags" lines of real CPUs, cut to what matters (and some that must be ignored).
 EPYC_ZEN3 = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma bmi2 sha_ni\n"
@@ -212,15 +211,8 @@ def test_each_cpu_linear_branch_is_named_from_its_closure():
 
 def test_a_bad_override_is_one_line_and_exit_2(tmp_path):
     env = {"REFIT_HARNESS_CACHE": str(tmp_path / "cache"), "REFIT_HARNESS_CPU_ISA": "sse2"}
-    import os
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        timeout=300,
-    )
+    proc = cli("run", "--out", str(tmp_path / "o"), extra_env=env, timeout=300)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("refit-harness: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "not a capability level" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr

@@ -34,6 +34,7 @@ from harness.spec.engine_config import (
 from harness.spec.requirements import EngineRequirements
 from harness.spec.run import EngineSpec, RunSpec
 from harness.spec.scenario import ModelRef, ScenarioSpec, expand
+from tests.helpers import cli
 
 FIELDS = EngineFields(
     vllm="0.0-test",
@@ -198,23 +199,7 @@ def test_the_cli_refuses_a_bad_key_before_any_engine_starts(tmp_path):
     from harness.checkpoints.tiny import tiny_qwen3
 
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "run",
-            "--model",
-            str(tiny_qwen3()),
-            "--out",
-            str(out),
-            "--engine-arg",
-            "kv_cache_dtyp=fp8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = cli("run", "--model", str(tiny_qwen3()), "--out", str(out), "--engine-arg", "kv_cache_dtyp=fp8", timeout=300)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("refit-harness: error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert "kv_cache_dtyp: not an EngineArgs field of vLLM" in errors[0] and "closest: kv_cache_dtype" in errors[0]

@@ -89,7 +89,7 @@ def checkpoints(tmp_path_factory) -> CheckpointSet:
 
 def trainer(backend: str, checkpoints: CheckpointSet, world_size: int = 2):
     """The arm's own trainer rank 0, built as the arm builds it, with a recording client."""
-    from harness.arm.transfer import TrainerActor
+    from harness.machinery.transfer import TrainerActor
 
     path = PATHS.get(f"transfer_{backend}")(checkpoints)
     actor = TrainerActor(None, path.trainer_fields(world_size), backend, checkpoints.a)
@@ -110,7 +110,7 @@ def test_defect_1_sparse_nccl_trainer_is_given_no_weight_source(checkpoints):
 def test_defect_2_sparse_patches_pass_vllms_own_patch_validation(checkpoints):
     from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseNCCLTrainerWeightTransferEngine
 
-    from harness.arm.transfer import CheckpointSource, sparse_patches
+    from harness.machinery.transfer import CheckpointSource, sparse_patches
 
     patches = sparse_patches(CheckpointSource(checkpoints.a), CheckpointSource(checkpoints.b))
     assert patches and {str(p.indices.dtype) for p in patches} == {"torch.int32"}
@@ -196,8 +196,8 @@ def test_http_weight_transfer_counts_its_nccl_trainers_gpu():
 
 
 def test_defect_6_ipc_has_a_colocated_sender_on_each_worker_gpu(ray_gpus):
-    from harness.arm.placement import engine_placement_group, trainer_actor_options, worker_actor_options
     from harness.arm.preflight import place_together
+    from harness.machinery.placement import engine_placement_group, trainer_actor_options, worker_actor_options
     from harness.spec.transfer import layout
 
     ray, hold, gate = ray_gpus
@@ -312,7 +312,7 @@ def test_defect_9_ipc_handles_pass_vllms_msgpack_to_a_separate_engine_core(monke
     import torch
     from vllm.v1.serial_utils import MsgpackEncoder
 
-    from harness.arm.placement import engine_actor_options
+    from harness.machinery.placement import engine_actor_options
     from harness.spec.transfer import layout
 
     args = (

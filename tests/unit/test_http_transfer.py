@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from harness.arm.in_flight import InFlight
 from harness.judge.diff import compare_path
 from harness.judge.verdict import VerdictStatus, in_flight_reasons, judge
+from harness.machinery.in_flight import InFlight
 from harness.records import InFlightRequest
 from harness.spec.run import JudgePolicy
 from tests.records import EXPECTED, B, arm, obs, subject

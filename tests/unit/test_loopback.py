@@ -19,8 +19,8 @@ def test_gloo_transfer_group_listens_on_loopback_only():
     pytest.importorskip("vllm")
     import torch
 
-    from harness.arm.transfer import _broadcast, _gloo_group
     from harness.loopback import free_port
+    from harness.machinery.transfer import _broadcast, _gloo_group
 
     before = _listening_addresses()
     port, groups, errors = free_port(), {}, []
@@ -62,7 +62,7 @@ class _JoiningClient:
         self.group = None
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        from harness.arm.transfer import _gloo_group
+        from harness.machinery.transfer import _gloo_group
 
         self.joined_port = init_info["master_port"]
         self.group = _gloo_group(
@@ -82,7 +82,7 @@ def test_a_port_taken_by_another_process_cannot_fail_the_gloo_transfer(monkeypat
     from vllm.plugins import load_general_plugins
 
     from harness import loopback
-    from harness.arm.transfer import CheckpointSource, _broadcast, trainer_init_info
+    from harness.machinery.transfer import CheckpointSource, _broadcast, trainer_init_info
     from harness.paths import PATHS
     from harness.worker.vllm_private import trainer_engine_class
     from tests.unit.test_transfer_contracts import CHECKPOINTS

@@ -161,8 +161,8 @@ def test_a_patched_build_over_an_overlay_imports_the_patched_vllm_and_records_bo
 
 
 def test_a_full_build_installs_what_the_engine_side_imports_and_vllm_does_not_bring():
-    """Every third-party module that harness.worker, harness.arm and harness.paths (run by the arm)
-    import is vLLM, torch, Ray, a dependency of the installed vLLM, or in ENGINE_EXTRAS (a full build
+    """Every third-party module that harness.worker, harness.arm, harness.paths and harness.machinery
+    (run by the arm) import is vLLM, torch, Ray, a dependency of the installed vLLM, or in ENGINE_EXTRAS (a full build
     lacked xxhash once; a 0.34 source build lacked requests_unixsocket, imported by a path)."""
     import ast
     from importlib import metadata
@@ -171,7 +171,7 @@ def test_a_full_build_installs_what_the_engine_side_imports_and_vllm_does_not_br
 
     root = Path(__file__).resolve().parents[2] / "harness"
     modules = set()
-    for folder in ("worker", "arm", "paths"):
+    for folder in ("worker", "arm", "paths", "machinery"):
         for source in (root / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(source.read_text())):
                 if isinstance(node, ast.Import):

@@ -4,13 +4,13 @@ sabotaged twin is refused in one line (built-in paths are held to the same contr
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from harness.paths import BUILTIN_MODULES, PATHS, PathRefused, PathRegistry, contract_violation
 from harness.paths.base import ReloadPath
+from tests.helpers import cli
 
 
 class _Twinless(ReloadPath):
@@ -31,8 +31,13 @@ class _WithTwin(_Twinless):
 
 def test_every_built_in_path_keeps_the_contract():
     # An empty registry would keep this loop green: the built-ins must be there to be checked.
-    assert len(PATHS.names()) >= len(BUILTIN_MODULES), PATHS.names()
-    for name in PATHS.names():
+    names = PATHS.names()
+    assert names and BUILTIN_MODULES, "the reload-path registry is empty"
+    assert len(names) >= len(BUILTIN_MODULES), names
+    # Every built-in module registers at least one path.
+    registered_by = {PATHS.get(name).__module__ for name in names}
+    assert {f"harness.paths.{m}" for m in BUILTIN_MODULES} <= registered_by, registered_by
+    for name in names:
         assert contract_violation(name, PATHS.get(name)) is None, name
 
 
@@ -88,33 +93,20 @@ def test_an_installed_package_without_a_twin_is_refused_and_listed(tmp_path):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: twinless-pkg\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[refit_harness.paths]\ntwinless_ep = twinless_pkg:Twinless\n")
     env_path = f"{tmp_path}"
-    listing = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "paths"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**_env(), "PYTHONPATH": env_path},
-    )
+    listing = cli("paths", env={**_env(), "PYTHONPATH": env_path}, timeout=120)
     assert listing.returncode == 0, listing.stderr
     refused = [line for line in listing.stdout.splitlines() if "twinless_ep" in line]
     assert refused and "refused" in refused[0] and "no sabotaged twin" in refused[0], listing.stdout
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "run",
-            "--paths",
-            "twinless_ep",
-            "--model",
-            str(tmp_path),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    run = cli(
+        "run",
+        "--paths",
+        "twinless_ep",
+        "--model",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "out"),
         env={**_env(), "PYTHONPATH": env_path},
+        timeout=300,
     )
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
@@ -153,9 +145,7 @@ def test_a_path_named_in_the_environment_is_tried_without_installing(tmp_path):
 
     def paths(value: str) -> subprocess.CompletedProcess:
         env = {**_env(), "PYTHONPATH": str(tmp_path), "REFIT_HARNESS_PATHS": value}
-        return subprocess.run(
-            [sys.executable, "-m", "harness.cli", "paths"], capture_output=True, text=True, timeout=120, env=env
-        )
+        return cli("paths", env=env, timeout=120)
 
     listing = paths("mine=my_paths:Mine, notwin=my_paths:NoTwin, gone=my_paths:Missing")
     assert listing.returncode == 0, listing.stderr

@@ -10,13 +10,13 @@ records alone; every verdict, every CSV row and every reported fact must come ou
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from tests.helpers import cli
 
 ARCHIVE = Path(__file__).parents[1] / "data" / "premove-run.tar.xz"
 CSVS = ("tensors.csv", "tokens.csv", "consumed.csv", "hooks.csv")
@@ -31,9 +31,7 @@ def rejudged(tmp_path_factory) -> tuple[Path, Path]:
     with tarfile.open(ARCHIVE) as tar:
         tar.extractall(now, filter="data", members=[m for m in tar.getmembers() if not m.name.endswith(".csv")])
     (now / "summary.json").unlink()
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "report", str(now)], capture_output=True, text=True, timeout=300
-    )
+    proc = cli("report", str(now), timeout=300)
     assert proc.returncode == 0, proc.stderr
     return then, now
 

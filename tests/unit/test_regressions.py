@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from harness.builds.patches import PatchError, PatchFile, apply_patches, patches_digest, read_patch, touched_files
 from harness.settings import CORPUS_DIR
 from harness.spec.regressions import Entry, load_corpus
+from tests.helpers import cli
 
 VLLM = Path(importlib.util.find_spec("vllm").origin).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -85,10 +85,13 @@ def test_patches_digest_depends_on_content_and_order():
 def test_build_cli_refuses_a_patch_that_does_not_apply_in_one_line(tmp_path):
     bad = tmp_path / "bad.diff"
     bad.write_text(DIFF.replace("vllm/x.py", "vllm/model_executor/model_loader/reload/meta.py"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "build", "p", "--base-env", sys.executable, "--patch", str(bad)],
-        capture_output=True,
-        text=True,
+    proc = cli(
+        "build",
+        "p",
+        "--base-env",
+        sys.executable,
+        "--patch",
+        str(bad),
         env=dict(os.environ, REFIT_HARNESS_CACHE=str(tmp_path / "cache")),
         timeout=600,
     )

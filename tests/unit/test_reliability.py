@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from harness import store
 from harness.judge.verdict import VerdictStatus
 from harness.records import ArmResult
+from tests import helpers
 from tests.records import subject
 from tests.unit.run_dirs import write_run
 
@@ -22,16 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The CLI (``tests.helpers.cli``) from the repository root, with the repository on its path."""
     import os
 
-    return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=timeout,
-        env={"PYTHONPATH": str(REPO), **os.environ, **(env or {})},
-    )
+    return helpers.cli(*args, env={"PYTHONPATH": str(REPO), **os.environ}, extra_env=env, cwd=REPO, timeout=timeout)
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:

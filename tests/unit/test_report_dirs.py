@@ -4,8 +4,6 @@ builds, or a page inside one); every top page starts with its provenance (record
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from harness.orchestrate.directories import comparable_pairs, kind_of, rejudge
 from harness.report import write_reports
 from harness.report.matrix import matrix_summary, write_matrix
 from harness.spec.scenario import CellGroup, ModelRef
+from tests.helpers import cli
 from tests.unit.run_dirs import write_run
 
 GROUPS = ("tiny-qwen3-eager-tp1", "tiny-qwen3-eager-tp1-bf16")
@@ -31,10 +30,6 @@ def scenario_dir(root: Path) -> Path:
         results.append((CellGroup(id=g, model=ModelRef(g, path="/a"), spec=ev.record.spec), ev))
     write_matrix(root, matrix_summary("default", results))
     return root
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_report_rejudges_a_scenario_directory_and_its_index_page(tmp_path):

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.builds.patches import PatchError, apply_patches, read_patch
 from harness.builds.review import split_diff
+from tests.helpers import cli
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "review"
 INSTALLED = Path(importlib.util.find_spec("vllm").origin).parent
@@ -52,12 +51,7 @@ def test_a_tests_and_docs_only_diff_has_nothing_testable():
 
 
 def test_the_cli_says_nothing_testable_changed_and_starts_no_engine(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "review", str(DATA / "tests-docs-only.diff"), "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = cli("review", str(DATA / "tests-docs-only.diff"), "--out", str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "nothing testable changed" in proc.stderr and "left out: tests/model_executor/test_reload.py" in proc.stderr
     assert "Nothing testable changed" in (tmp_path / "summary.md").read_text()

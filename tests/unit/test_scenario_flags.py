@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from harness.cli import build_parser
@@ -12,6 +9,7 @@ from harness.cli.run import with_run_flags
 from harness.errors import UsageError
 from harness.spec.run import PerturbSpec
 from harness.spec.scenario import ModelRef, ScenarioSpec, expand
+from tests.helpers import cli
 
 SCENARIO = ScenarioSpec(
     name="s",
@@ -83,23 +81,7 @@ def test_a_per_model_flag_is_refused_for_a_scenario_of_several_models(flag):
 
 
 def test_only_without_a_scenario_is_refused_in_one_line(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "run",
-            "--only",
-            "x*",
-            "--model",
-            str(tmp_path),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = cli("run", "--only", "x*", "--model", str(tmp_path), "--out", str(tmp_path / "o"), timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "refit-harness: error: --only and --skip select cells of a scenario: give -s SCENARIO"
@@ -118,13 +100,9 @@ def test_list_counts_the_cells_the_report_shows_one_per_trainer_step():
 
 
 def test_list_of_one_scenario_prints_the_names_only_selects():
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "list", "-s", "smoke"], capture_output=True, text=True, timeout=120
-    )
+    proc = cli("list", "-s", "smoke", timeout=120)
     assert proc.returncode == 0, proc.stderr
     cells = proc.stdout.split()
     assert cells == ["reload_weights[tiny-qwen3-eager-tp1]", "transfer_gloo[tiny-qwen3-eager-tp1]"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "list", "-s", "no-such"], capture_output=True, text=True, timeout=120
-    )
+    proc = cli("list", "-s", "no-such", timeout=120)
     assert proc.returncode == 2 and "Available:" in proc.stderr and "smoke" in proc.stderr

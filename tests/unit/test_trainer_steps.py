@@ -160,8 +160,8 @@ def test_a_step_without_its_cold_start_is_an_error_not_a_comparison_with_b():
 
 def test_the_trainer_steps_deterministically_and_sends_its_own_names(tmp_path):
     pytest.importorskip("transformers")
-    from harness.arm.trainer import Trainer, TrainerDiverged
     from harness.checkpoints.tiny import tiny_qwen3
+    from harness.machinery.trainer import Trainer, TrainerDiverged
     from harness.spec.prompts import shared_prefix_prompts
 
     a = str(tiny_qwen3())

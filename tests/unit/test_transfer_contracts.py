@@ -23,7 +23,7 @@ def transfer_path(backend: str) -> WeightTransferPath:
 def test_trainer_init_info_is_the_backends_own_dataclass_with_the_fields_we_send(backend):
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    from harness.arm.transfer import trainer_init_info
+    from harness.machinery.transfer import trainer_init_info
 
     fields = transfer_path(backend).trainer_fields(world_size=3)
     info = trainer_init_info(backend, fields)  # a missing or misnamed field raises TypeError here
@@ -44,7 +44,7 @@ def test_engine_side_dataclasses_exist_for_every_backend(backend):
 def test_the_gloo_twin_speaks_the_nccl_backends_update_format():
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from harness.arm.transfer import GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo
+    from harness.machinery.transfer import GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo
 
     nccl = WeightTransferEngineFactory._registry["nccl"]()
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
@@ -62,7 +62,7 @@ def test_sparse_patches_are_vllms_own_and_skip_left_out_tensors(tmp_path):
     from safetensors.torch import save_file
     from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
 
-    from harness.arm.transfer import CheckpointSource, sparse_patches
+    from harness.machinery.transfer import CheckpointSource, sparse_patches
     from harness.worker import vllm_compat
 
     (tmp_path / "a").mkdir()
@@ -84,7 +84,7 @@ def test_sparse_patches_are_vllms_own_and_skip_left_out_tensors(tmp_path):
 
 
 def test_cuda_backends_hand_over_cuda_tensors():
-    from harness.arm.transfer import source_device
+    from harness.machinery.transfer import source_device
 
     assert {b: source_device(b) for b in CUDA_BACKENDS} == dict.fromkeys(CUDA_BACKENDS, "cuda")
     assert source_device("gloo") == "cpu"
@@ -95,7 +95,7 @@ def test_sources_follow_each_backends_order_type_and_sabotage(tmp_path):
     from safetensors.torch import save_file
     from vllm.distributed.weight_transfer.base import layerwise_groups
 
-    from harness.arm.transfer import checkpoint_source, trainer_source
+    from harness.machinery.transfer import checkpoint_source, trainer_source
     from harness.worker import vllm_compat
 
     names = ["model.embed_tokens.weight", "model.norm.weight"] + [f"model.layers.{i}.w" for i in (0, 1, 2, 10, 11)]
@@ -140,7 +140,7 @@ def test_the_gloo_twin_moves_float8_tensors_as_their_bytes():
 
     import torch
 
-    from harness.arm.transfer import _broadcast, _gloo_group, store_listener
+    from harness.machinery.transfer import _broadcast, _gloo_group, store_listener
 
     listen = store_listener("127.0.0.1")
     port = listen.getsockname()[1]

@@ -125,7 +125,7 @@ def test_a_plain_metadata_method_fails_033s_rule():
 def test_sources_follow_the_installed_protocol():
     import torch
 
-    from harness.arm.transfer import TensorSource
+    from harness.machinery.transfer import TensorSource
 
     w = torch.ones(2)
     source = TensorSource([("w", w)])

@@ -5,7 +5,7 @@ prompts. After each optimizer step its ``named_parameters()`` are what a trainer
 own names (separate q/k/v and gate/up, no tied copy of the head) and its own dtype; vLLM's
 loaders do the packing, the tying and the cast to the engine's dtype.
 
-Two processes run this same code: the prepare step (``python -m harness.arm.trainer``, before
+Two processes run this same code: the prepare step (``python -m harness.machinery.trainer``, before
 any engine) saves each step with ``save_pretrained``, where the per-step cold starts read it;
 the subject arm trains again, live, and sends each step. A step depends on the thread count
 (the backward pass's reductions split by threads), and vLLM's CPU worker replaces
@@ -113,7 +113,7 @@ class Trainer:
 
 def main(argv: list[str]) -> int:
     """Prepare: train from A and ``save_pretrained`` each step into ``OUT/T<k>``."""
-    parser = argparse.ArgumentParser(prog="python -m harness.arm.trainer")
+    parser = argparse.ArgumentParser(prog="python -m harness.machinery.trainer")
     parser.add_argument("model")
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, required=True)
