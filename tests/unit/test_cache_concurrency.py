@@ -215,6 +215,7 @@ def test_a_run_stores_its_reference_and_lets_waiting_runs_go_before_its_subjects
 
     import harness.orchestrate.execute as execute_module
     import harness.orchestrate.runner as runner
+    import harness.orchestrate.schedule as schedule
     from harness import store
     from harness.checkpoints.tiny import tiny_qwen3
     from harness.run_dir import RunDir
@@ -222,7 +223,7 @@ def test_a_run_stores_its_reference_and_lets_waiting_runs_go_before_its_subjects
     from tests.records import segment
 
     root = tmp_path / "cache"
-    monkeypatch.setattr(execute_module, "DEFAULT_CACHE", root)  # never the session's real references
+    monkeypatch.setattr(schedule, "DEFAULT_CACHE", root)  # never the session's real references
     seen = {}
 
     def stub(arm, out, env, key="", fork=False):

@@ -1,6 +1,7 @@
-"""The processes executor (``harness.orchestrate.processes``) without engines: each arm's
-"interpreter" is a shell script standing in for ``python -m harness.arm.process``, run by the
-real ``runner.run_arm`` (own process group, pid file, timeout, result record)."""
+"""The processes executor (``harness.orchestrate.processes``) under the run's scheduler
+(``harness.orchestrate.schedule.run_queue``) without engines: each arm's "interpreter" is a shell
+script standing in for ``python -m harness.arm.process``, run by the real ``runner.run_arm`` (own
+process group, pid file, timeout, result record)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 from harness.cli.run import executor_is_ray
 from harness.errors import UsageError
 from harness.orchestrate.fanout import FanoutSpec
-from harness.orchestrate.processes import run_arms_here
+from harness.orchestrate.processes import ProcessesExecutor
 from harness.orchestrate.runner import run_processes
+from harness.orchestrate.schedule import run_queue
 from harness.settings import RUN_MARKER
 from harness.spec.build import BuildSpec
 from tests.unit.run_dirs import write_run
@@ -36,6 +38,14 @@ def arms(tmp_path, body: str, tp: dict[str, int] | None = None):
         engine = dataclasses.replace(a.engine, tensor_parallel_size=(tp or {}).get(a.name, 1))
         out.append(dataclasses.replace(a, build=BuildSpec("fake", str(script)), engine=engine, timeout_s=60))
     return out, tmp_path / "run"
+
+
+def run_arms_here(plan, workdir, started) -> dict:
+    """Each arm's result by name, ``plan`` run by the scheduler on the processes executor."""
+    results: dict = {}
+    executor = ProcessesExecutor(workdir, FAN, {}, {})
+    run_queue(plan, executor, workdir, {}, started, lambda arm, result: results.setdefault(arm.name, result))
+    return results
 
 
 def intervals(log) -> dict[str, tuple[float, float]]:
@@ -61,7 +71,7 @@ def test_arms_run_two_at_a_time_on_two_cpus_and_a_tp2_arm_alone(tmp_path, two_cp
     body = f'echo "start $(date +%s.%N) $3" >> {log}; sleep 0.6; echo "end $(date +%s.%N) $3" >> {log}\n'
     plan, workdir = arms(tmp_path, body, tp={"subject-http_reload": 2})
     started = []
-    results = dict((a.name, r) for a, r in run_arms_here(plan, workdir, FAN, started.append, {}))
+    results = run_arms_here(plan, workdir, started.append)
     assert set(results) == {a.name for a in plan} == {a.name for a in started}
     # No result file: the stand-in never writes one, which run_arm records as the arm's error.
     assert all(r.status == "error" and "before writing a result" in r.error for r in results.values())
@@ -81,7 +91,7 @@ def test_a_reference_that_fails_to_start_cancels_the_arms_not_started(tmp_path, 
     cold = next(a for a in plan if a.name == "reference").steps
     plan = [dataclasses.replace(a, steps=cold[:1]) if a.name == "subject-http_reload" else a for a in plan]
     order = []
-    results = dict((a.name, r) for a, r in run_arms_here(plan, workdir, FAN, lambda arm: order.append(arm.name), {}))
+    results = run_arms_here(plan, workdir, lambda arm: order.append(arm.name))
     assert order == ["subject-reload_weights", "noise", "reference"]
     assert results["reference"].error.startswith("arm process exited with code 1")
     assert results["subject-http_reload"].error.startswith("cancelled: the reference arm (cold B) failed to start")
@@ -101,7 +111,7 @@ def test_a_cancelled_run_kills_its_running_arms_and_keeps_their_records(tmp_path
 
     begun = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        list(run_arms_here(plan, workdir, FAN, started, {}))
+        run_arms_here(plan, workdir, started)
     assert time.monotonic() - begun < 20, "the running arms were not killed"
     assert not run_processes(marker=marker), "an arm's process outlived the cancelled run"
     first = seen[0]

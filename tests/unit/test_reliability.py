@@ -203,26 +203,26 @@ def test_ray_address_check_lets_loopback_and_explicit_remote_through():
 
 
 def test_resume_keeps_only_arms_measured_with_the_same_key(tmp_path):
-    from harness.orchestrate.execute import _finished
+    from harness.orchestrate.schedule import finished_state
 
     f = tmp_path / "r.json"
-    assert _finished(f, "k1") is None
+    assert finished_state(f, "k1") is None
     store.dump(subject(), f, "arm_result")  # an arm from before keys existed
-    assert "another plan, checkpoint, vLLM version or harness commit" in _finished(f, "k1")
+    assert "another plan, checkpoint, vLLM version or harness commit" in finished_state(f, "k1")
     import dataclasses
 
     store.dump(dataclasses.replace(subject(), key="k1"), f, "arm_result")
-    assert _finished(f, "k1") == "ok"
-    assert "another plan" in _finished(f, "k2")
+    assert finished_state(f, "k1") == "ok"
+    assert "another plan" in finished_state(f, "k2")
     f.write_text(f.read_text()[:100])
-    assert _finished(f, "k1") == "its record is unreadable"
+    assert finished_state(f, "k1") == "its record is unreadable"
 
 
 def test_arm_key_follows_plan_checkpoints_and_harness_commit(tmp_path):
     import dataclasses
 
     from harness.judge.evaluate import evaluate
-    from harness.orchestrate.execute import arm_key
+    from harness.orchestrate.schedule import arm_key
 
     for d in ("a", "b", "c"):
         (tmp_path / d).mkdir()
@@ -247,14 +247,14 @@ def test_resume_refuses_a_spec_that_differs_from_the_one_on_disk_and_keeps_run_j
     import dataclasses
 
     from harness.errors import UsageError
-    from harness.orchestrate.execute import prepare
+    from harness.orchestrate.execute import RunOptions, prepare, validate
     from harness.spec.run import EngineSpec
 
     record = write_run(tmp_path)
     before = (tmp_path / "run.json").read_text()
     other = dataclasses.replace(record.spec, engine=EngineSpec(mode="compiled"))
     with pytest.raises(UsageError, match=r"another spec \(engine.mode: \"eager\" on disk, \"compiled\" now\)"):
-        prepare(other, tmp_path, lambda m: None, resume=True)
+        prepare(other, validate(other), tmp_path, lambda m: None, RunOptions(resume=True))
     assert (tmp_path / "run.json").read_text() == before
 
 
@@ -477,13 +477,14 @@ def test_reference_failing_to_start_cancels_the_arms_not_started(tmp_path, monke
 
 def test_weight_copies_left_by_a_killed_arm_are_swept_on_start(tmp_path):
     from harness.checkpoints.tiny import tiny_qwen3
-    from harness.orchestrate.execute import prepare
+    from harness.orchestrate.execute import prepare, validate
     from harness.spec.run import RunSpec
 
     leftover = tmp_path / "scratch" / "subject-sharded_state" / "sharded-state-x" / "1-B"
     leftover.mkdir(parents=True)
     (leftover / "model-rank-0-part-0.safetensors").write_bytes(b"\0" * 1024)
-    prepare(RunSpec(model=str(tiny_qwen3())), tmp_path, lambda message: None)
+    spec = RunSpec(model=str(tiny_qwen3()))
+    prepare(spec, validate(spec), tmp_path, lambda message: None)
     assert not (tmp_path / "scratch").exists()
 
 
@@ -510,7 +511,7 @@ def test_a_checkpoint_the_trainer_cannot_train_skips_the_trainer_paths_only(tmp_
 
     monkeypatch.setattr(execute, "trainer_steps", cannot_train)
     spec = RunSpec(model=str(tiny_qwen3()), paths=("reload_weights", "trainer_steps"), sabotage=True)
-    record, _ = execute.prepare(spec, tmp_path, lambda message: None)
+    record, _ = execute.prepare(spec, execute.validate(spec), tmp_path, lambda message: None)
     skipped = dict((s.path, s.reason) for s in record.plan.skipped)
     assert skipped.keys() == {"trainer_steps"}
     assert (
