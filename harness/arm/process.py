@@ -483,9 +483,16 @@ _UNSUPPORTED = re.compile(
     # (measured: "_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4")
     r"|_C::\w+\(\) expected at most 0 argument"
     # a configuration a vLLM option refuses by design (0.34: "Direct reload does not support LoRA.")
-    r"|\bdoes not support\b",
+    r"|\bdoes not support\b"
+    # a kernel that needs a CPU capability this one lacks
+    # (measured without AVX-512: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.")
+    r"|\brequires\b[^.]*\b(AVX-?512|AMX)\b",
     re.IGNORECASE,
 )
+# An op the CPU extension vLLM loaded for this CPU does not have: vLLM chose a kernel whose op is
+# built only into its AVX-512 extensions (measured on ``_C_AVX2``, at the first forward of a GPTQ or
+# AWQ engine: "'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'").
+_MISSING_OP = re.compile(r"'_C' object has no attribute '\w+'")
 
 
 def refused_by_vllm(exc: BaseException) -> bool:
@@ -494,14 +501,19 @@ def refused_by_vllm(exc: BaseException) -> bool:
     attention op), "Head dimension 48 is not supported by MLA", "Unsupported block size: 16",
     and for quantized engines "Failed to find a kernel that can implement the ScaledMM linear
     layer" and a CPU-build op stub ("_C::static_scaled_fp8_quant() expected at most 0
-    argument(s)", raised from vLLM's ``_custom_ops``).
-    So: an exception that says the configuration is not supported, raised where the deepest
-    frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
+    argument(s)", raised from vLLM's ``_custom_ops``). Without AVX-512, "FP8 KV cache on CPU
+    requires x86 with AVX-512 or AMX.", and an AttributeError for an op missing from the loaded
+    CPU extension ("'_C' object has no attribute 'cpu_gemm_wna16'").
+    So: an exception that says the configuration is not supported, or that the loaded kernel
+    library lacks an op, raised where the deepest frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
     fixture model) stays an error. With ``--engine-core-process`` the client only sees
     "Engine core initialization failed", which is not a refusal either."""
     if isinstance(exc, DeclinedByVllm):
         return True
-    if not isinstance(exc, (ValueError, NotImplementedError, RuntimeError)) or not _UNSUPPORTED.search(str(exc)):
+    if isinstance(exc, AttributeError):
+        if not _MISSING_OP.search(str(exc)):
+            return False
+    elif not isinstance(exc, (ValueError, NotImplementedError, RuntimeError)) or not _UNSUPPORTED.search(str(exc)):
         return False
     import vllm
 

@@ -286,6 +286,32 @@ def test_a_cpu_op_stub_and_a_missing_kernel_are_vllm_refusals():
     assert not refused_by_vllm(ValueError("Failed to find a kernel that can implement the ScaledMM linear layer"))
 
 
+def test_what_the_avx2_kernel_library_lacks_is_a_vllm_refusal(monkeypatch):
+    """Without AVX-512, vLLM 0.32 loads ``_C_AVX2``, which has no ``cpu_gemm_wna16`` (a GPTQ or AWQ
+    engine raises AttributeError at its first forward), and refuses an fp8 KV cache: both are vLLM
+    declining to run here. The same words raised outside vLLM, or another AttributeError, stay
+    errors."""
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends import cpu_attn
+
+    from harness.arm.process import refused_by_vllm
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU extensions are the CPU build's")
+    with pytest.raises(AttributeError, match=r"'_C' object has no attribute") as missing:
+        ops.awq_dequantize(torch.ones(2), torch.ones(2), torch.ones(2), 0, 0, 0)  # in no CPU extension
+    assert refused_by_vllm(missing.value)
+    assert not refused_by_vllm(AttributeError(str(missing.value)))  # no vLLM frame raised it
+    assert not refused_by_vllm(AttributeError("'NoneType' object has no attribute 'weight'"))
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with pytest.raises(NotImplementedError, match="requires x86 with AVX-512") as fp8_kv:
+        cpu_attn._get_attn_isa(torch.bfloat16, 16, 64, "fp8")
+    assert refused_by_vllm(fp8_kv.value)
+    assert not refused_by_vllm(NotImplementedError(str(fp8_kv.value)))
+
+
 def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran():
     from harness.paths import PATHS
     from harness.spec.known_issues import KNOWN_ISSUES, quantization_of
