@@ -116,6 +116,21 @@ def level_of(flags: Iterable[str], arch: str) -> str:
     return arch
 
 
+def vllm_kernel_library(flags: Iterable[str], arch: str) -> str:
+    """The CPU extension vLLM loads for these capabilities, as ``CpuPlatform.import_kernels``
+    (0.32) chooses it on x86: ``_C`` with AVX512-BF16, ``_C_AVX512`` with AVX-512 alone, else
+    ``_C_AVX2``; "" on other architectures. The extensions differ in their ops: ``_C_AVX2`` has no
+    ``cpu_gemm_wna16`` (GPTQ/AWQ int4) and vLLM refuses an fp8 KV cache without AVX-512 or AMX, so
+    verdicts on those engines follow this choice (docs/isa.md). The worker records the extension
+    it actually loaded (``CpuCapabilities.kernel_library``)."""
+    if arch not in ("x86_64", "AMD64", "i686"):
+        return ""
+    have = set(flags)
+    if "avx512_f" not in have:
+        return "_C_AVX2"
+    return "_C" if "avx512_bf16" in have else "_C_AVX512"
+
+
 def _rank(level: str) -> int:
     if level == "amx":
         return _AMX_RANK

@@ -15,22 +15,29 @@ import json
 import pytest
 
 from harness.checkpoints.zoo import ONLINE_QUANT_FAMILIES, QUANTIZED_FAMILIES, tiny_model
-from harness.cpu_isa import host_capabilities, override_from_env
+from harness.cpu_isa import host_capabilities, override_from_env, vllm_kernel_library
 
 pytestmark = [pytest.mark.cpu]
 FAMILIES = tuple(f.label for f in QUANTIZED_FAMILIES + ONLINE_QUANT_FAMILIES)
 # vLLM 0.32's CPU quantized kernels are chosen by the CPU (docs/quantized.md has both grids): AMX
 # runs W8A8 int8 on its own path (symmetric activations), int4 as W4A8, and has the fp8 block and
 # int8 MoE kernels; without AMX every int8 layer takes the oneDNN handler, int4 runs W4A16, and
-# the fp8 block and int8 MoE kernels refuse to start. Under REFIT_HARNESS_CPU_ISA, the CPU it leaves.
-AMX = "amx_tile" in host_capabilities(override_from_env()).flags
+# the fp8 block and int8 MoE kernels refuse to start. Without AVX-512 vLLM loads ``_C_AVX2``, which
+# has no W4A16 op (``cpu_gemm_wna16``), so int4 cannot run at all. Under REFIT_HARNESS_CPU_ISA, the
+# CPU it leaves.
+CPU = host_capabilities(override_from_env())
+AMX = "amx_tile" in CPU.flags
+LIBRARY = vllm_kernel_library(CPU.flags, CPU.arch)
+NO_INT4 = LIBRARY == "_C_AVX2"
 NO_AMX_KERNEL = "SKIPPED"  # "requires AMX tile support" / "No Int8 MoE backend supports ...", in vLLM's words
+NO_INT4_KERNEL = "SKIPPED"  # "'_C' object has no attribute 'cpu_gemm_wna16'", in vLLM's words
 EXPECTED = {
     # AMX: the AMX int8 path; else the oneDNN handler's dangling weight scale (known issue, repro)
     "qwen3-w8a8-int8": "PASS" if AMX else "XFAIL",
     "qwen3-w8a8-int8-asym": "XFAIL",  # the oneDNN handler's dangling weight scale, on every CPU
-    "llama-gptq-int4": "PASS",
-    "qwen3-awq-int4": "XFAIL" if AMX else "PASS",  # the W4A8 path's bias is not rounded on reload (AMX only)
+    "llama-gptq-int4": NO_INT4_KERNEL if NO_INT4 else "PASS",
+    # the W4A8 path's bias is not rounded on reload (AMX only)
+    "qwen3-awq-int4": "XFAIL" if AMX else NO_INT4_KERNEL if NO_INT4 else "PASS",
     "qwen3-fp8-w8a8": "PASS",
     "qwen3-fp8-static": "SKIPPED",  # no CPU kernel for static fp8 activation quantization
     "llama-fp8-block": "PASS" if AMX else NO_AMX_KERNEL,
@@ -45,11 +52,12 @@ QUANTIZED_EVIDENCE = {
     "qwen3-w8a8-int8": ("self_attn.qkv_proj.weight_scale",)
     + (("self_attn.qkv_proj.weight", "qkv_proj.bias_fp32") if AMX else ("mlp.down_proj.azp_adj",)),
     "qwen3-w8a8-int8-asym": ("mlp.down_proj.azp_adj", "mlp.down_proj.weight_scale"),
-    "llama-gptq-int4": ("mlp.down_proj.qweight", "mlp.down_proj.scales"),
-    "qwen3-awq-int4": ("mlp.down_proj.qweight", "mlp.down_proj.scales", "mlp.down_proj.qzeros"),
     "qwen3-fp8-w8a8": ("mlp.down_proj.weight", "mlp.down_proj.weight_scale"),
     "qwen3-online-fp8": ("mlp.down_proj.weight", "mlp.down_proj.weight_scale"),
 }
+if not NO_INT4:
+    QUANTIZED_EVIDENCE["llama-gptq-int4"] = ("mlp.down_proj.qweight", "mlp.down_proj.scales")
+    QUANTIZED_EVIDENCE["qwen3-awq-int4"] = ("mlp.down_proj.qweight", "mlp.down_proj.scales", "mlp.down_proj.qzeros")
 if AMX:
     QUANTIZED_EVIDENCE["llama-fp8-block"] = ("mlp.down_proj.weight", "mlp.down_proj.weight_scale")
 
@@ -91,6 +99,9 @@ def test_every_quantized_family_gets_its_measured_verdict_and_none_is_a_harness_
         path = cell(quantized, label)["paths"]["reload_weights"]
         assert grid[group(label)]["reload_weights"] == EXPECTED[label], (label, path["reasons"])
     assert quantized.exit_code == 0, quantized.output  # XFAIL and SKIPPED keep the gate green
+    # The expectations follow the extension vLLM loads; the worker records the one it loaded.
+    recorded = cell(quantized, "qwen3-fp8-w8a8")["environment"]["cpu_capabilities"]
+    assert f"vLLM kernels {LIBRARY}" in recorded, recorded
 
 
 def test_every_pass_is_earned_on_quantized_evidence(quantized):
@@ -147,11 +158,14 @@ def test_the_oneDNN_int8_reload_bug_is_a_known_issue_scoped_to_that_kernel(quant
 def test_kernels_this_cpu_lacks_are_skipped_in_vllms_words(quantized):
     if AMX:
         pytest.skip("this CPU has AMX: vLLM has every quantized kernel of the zoo but static fp8")
-    for label, words in (
+    lacking = [
         ("llama-fp8-block", "requires AMX tile support"),
         ("qwen3-fp8-block", "requires AMX tile support"),
         ("qwen3-moe-online-int8", "No Int8 MoE backend supports the deployment configuration"),
-    ):
+    ]
+    if NO_INT4:
+        lacking += [(label, "has no attribute 'cpu_gemm_wna16'") for label in ("llama-gptq-int4", "qwen3-awq-int4")]
+    for label, words in lacking:
         reasons = cell(quantized, label)["paths"]["reload_weights"]["reasons"]
         assert any("vLLM cannot start this engine here" in r and words in r for r in reasons), (label, reasons)
 
@@ -165,8 +179,12 @@ def test_the_int4_bias_and_fp8_block_bias_findings_are_known_issues(quantized):
     """The W4A8 int4 path leaves a reloaded bias unrounded (only the bias and the probes that add
     it fail); the fp8 block kernel cannot start with a bf16 bias (every arm raises). Both bias-free
     Llama variants of the same kernels pass. Both kernels are AMX's: without AMX, int4 runs W4A16,
-    which rounds the bias (the AWQ family passes), and the block kernel is not there at all."""
+    which rounds the bias (the AWQ family passes), and the block kernel is not there at all; with
+    ``_C_AVX2`` there is no int4 kernel either."""
     awq = cell(quantized, "qwen3-awq-int4")["paths"]["reload_weights"]
+    if NO_INT4:  # no int4 kernel at all (test_kernels_this_cpu_lacks_are_skipped_in_vllms_words)
+        assert awq["verdict"] == "SKIPPED", awq
+        return
     if not AMX:
         assert awq["verdict"] == "PASS" and awq["sabotage"]["caught"], awq
         return

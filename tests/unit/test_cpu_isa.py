@@ -118,6 +118,20 @@ def test_describe_names_the_override_and_the_kernel_library():
     assert cpu_isa.describe_cpu(None) == "not recorded"
 
 
+def test_the_kernel_library_follows_vllms_choice_by_capability():
+    """vLLM loads ``_C`` only with AVX512-BF16, ``_C_AVX512`` with AVX-512 alone, else ``_C_AVX2``;
+    an override lowers the choice with the capabilities it hides."""
+
+    def library(cpuinfo: str, override: str = cpu_isa.NATIVE, arch: str = "x86_64") -> str:
+        return cpu_isa.vllm_kernel_library(cpu_isa.host_capabilities(override, cpuinfo=cpuinfo, arch=arch).flags, arch)
+
+    assert library(XEON_SPR) == library(EPYC_ZEN4) == "_C"
+    assert library(EPYC_ZEN3) == library(XEON_SPR, "avx2") == library(EPYC_ZEN4, "avx2") == "_C_AVX2"
+    assert library(XEON_SPR, "avx512") == library(XEON_CLX) == "_C_AVX512"
+    assert library(XEON_SPR, "avx512_bf16") == "_C"
+    assert library(XEON_SPR, arch="aarch64") == ""
+
+
 # ---- known issues scoped by capability ------------------------------------------------------
 
 
