@@ -36,7 +36,7 @@ from harness.plan import (
 from harness.records import ArmResult, ObservationLabel
 from harness.run_dir import RunDir
 from harness.spec.checkpoint_set import adapted_weight, trainer_target
-from harness.spec.known_issues import quantization_of
+from harness.spec.known_issues import Subject, quantization_of
 from harness.spec.run import JudgePolicy
 
 
@@ -99,8 +99,18 @@ def evaluate(out: Path) -> Evaluation:
         architecture = (
             next((o.model.architecture for o in subject.observations), None) or record.checkpoints.architecture
         )
-        kernels = next((o.model.quant_kernels for o in subject.observations), ())
-        quantization = quantization_of(record.checkpoints.quantization, record.spec.engine.vllm_kwargs())
+        # What the known issues' scopes match: the same for the path's every verdict.
+        facts = Subject(
+            device,
+            env.get("vllm"),
+            architecture,
+            record.spec.engine.dtype,
+            cpu_flags_of(subject, record),
+            next((o.model.quant_kernels for o in subject.observations), ()),
+            quantization_of(record.checkpoints.quantization, record.spec.engine.vllm_kwargs()),
+            record.checkpoints.tied_embeddings,
+            record.spec.engine.reload_mode,
+        )
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
@@ -147,17 +157,7 @@ def evaluate(out: Path) -> Evaluation:
             )
 
         if getattr(cls, "trains", False):
-            known = cls.known_issues_for(
-                device,
-                env.get("vllm"),
-                architecture,
-                record.spec.engine.dtype,
-                cpu_flags_of(subject, record),
-                kernels,
-                quantization,
-                record.checkpoints.tied_embeddings,
-                record.spec.engine.reload_mode,
-            )
+            known = cls.known_issues_for(facts)
             found = trainer_step_verdicts(
                 path,
                 charged_to_segment(subject, path, order),
@@ -187,17 +187,7 @@ def evaluate(out: Path) -> Evaluation:
             c,
             record.spec.judge,
             fail_on_rebound,
-            known=cls.known_issues_for(
-                device,
-                env.get("vllm"),
-                architecture,
-                record.spec.engine.dtype,
-                cpu_flags_of(subject, record),
-                kernels,
-                quantization,
-                record.checkpoints.tied_embeddings,
-                record.spec.engine.reload_mode,
-            ),
+            known=cls.known_issues_for(facts),
             require_cache_hits=cls.needs_cache_hits,
             graphs=graphs,
         )
