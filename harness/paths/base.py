@@ -90,6 +90,9 @@ class ReloadPath:
     fails; ``tokens``, greedy tokens diverge from cold B (state no tensor census holds)."""
     needs_cache_hits: ClassVar[bool] = False
     """The path is meaningful only if the prefix cache served tokens after its refit."""
+    trains: ClassVar[bool] = False
+    """A live trainer makes its targets: its refits are the trainer's optimizer steps, each
+    judged on its own (``harness.paths.trainer_steps``)."""
     runs_last: ClassVar[bool] = False
     """vLLM may raise midway through this path's refit on some engines (a save vLLM cannot
     make): in a shared engine its segment and its twin run after every other path's segment
