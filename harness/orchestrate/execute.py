@@ -399,6 +399,7 @@ def execute(
     waited for, then reused."""
     import uuid
 
+    from harness.paths import PATHS
     from harness.settings import RUN_MARKER
 
     os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
@@ -408,7 +409,7 @@ def execute(
         schedule(record, inputs, out, progress, fan, resume, claims, events)
     # When it ended, for the duration on the report's first lines.
     store.dump(replace(record, finished=_now()), RunDir(out).record, "run_record")
-    return evaluate(out)
+    return evaluate(out, PATHS.get)
 
 
 def _now() -> str:
