@@ -228,6 +228,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.orchestrate.execute import execute
     from harness.orchestrate.fanout import FanoutSpec, check_ray_address
     from harness.orchestrate.reference import reuse_by_default
+    from harness.paths import PATHS
     from harness.report import write_reports
 
     try:
@@ -277,7 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 spec, out, say, fan=fan, resume=bool(args.resume), reuse_reference=args.reuse_reference, events=events
             )
     except KeyboardInterrupt as exc:
-        return interrupted(exc, lambda: write_reports(evaluate(out), out)[INDEX_HTML])
+        return interrupted(exc, lambda: write_reports(evaluate(out, PATHS.get), out)[INDEX_HTML])
     files = write_reports(evaluation, out)
     for v in evaluation.verdicts:
         progress(f"{v.path}: {v.status.value}" + (f" - {v.reasons[0]}" if v.reasons else ""))

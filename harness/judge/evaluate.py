@@ -36,14 +36,14 @@ from harness.plan import (
 from harness.records import ArmResult, ObservationLabel
 from harness.run_dir import RunDir
 from harness.spec.checkpoint_set import adapted_weight, trainer_target
-from harness.spec.known_issues import quantization_of
+from harness.spec.known_issues import Refusal, Subject, quantization_of
+from harness.spec.path_declaration import PathLookup
 from harness.spec.run import JudgePolicy
 
 
-def evaluate(out: Path) -> Evaluation:
-    """Judge a run from its directory alone."""
-    from harness.paths import PATHS
-
+def evaluate(out: Path, path_for: PathLookup) -> Evaluation:
+    """Judge a run from its directory alone; ``path_for`` gives what each path declares
+    (``harness.paths.PATHS.get``, passed in by the caller: the judge does not import the paths)."""
     record = store.load(RunRecord, RunDir(out).record, "run_record")
     results: dict[str, ArmResult] = {}
     for arm in record.plan.arms:
@@ -86,7 +86,7 @@ def evaluate(out: Path) -> Evaluation:
             verdicts.append(skipped(path, f"vLLM cannot start this engine here: {refusal}"))
             continue
         arm = arm_or_none
-        cls = PATHS.get(path)
+        cls = path_for(path)
         # The control is localized under the model's own name for it (vLLM may rename it on load).
         renamed = dict(next((o.model.weight_names for o in subject.observations), ()))
         planted = arm.refit_checkpoints.control_tensor
@@ -99,8 +99,18 @@ def evaluate(out: Path) -> Evaluation:
         architecture = (
             next((o.model.architecture for o in subject.observations), None) or record.checkpoints.architecture
         )
-        kernels = next((o.model.quant_kernels for o in subject.observations), ())
-        quantization = quantization_of(record.checkpoints.quantization, record.spec.engine.vllm_kwargs())
+        # What the known issues' scopes match: the same for the path's every verdict.
+        facts = Subject(
+            device,
+            env.get("vllm"),
+            architecture,
+            record.spec.engine.dtype,
+            cpu_flags_of(subject, record),
+            next((o.model.quant_kernels for o in subject.observations), ()),
+            quantization_of(record.checkpoints.quantization, record.spec.engine.vllm_kwargs()),
+            record.checkpoints.tied_embeddings,
+            record.spec.engine.reload_mode,
+        )
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).
         mode = arm.requirements.mode or arm.engine.mode
@@ -146,18 +156,8 @@ def evaluate(out: Path) -> Evaluation:
                 refit_reference=own_mode,
             )
 
-        if getattr(cls, "trains", False):
-            known = cls.known_issues_for(
-                device,
-                env.get("vllm"),
-                architecture,
-                record.spec.engine.dtype,
-                cpu_flags_of(subject, record),
-                kernels,
-                quantization,
-                record.checkpoints.tied_embeddings,
-                record.spec.engine.reload_mode,
-            )
+        if cls.trains:
+            known = cls.known_issues_for(facts)
             found = trainer_step_verdicts(
                 path,
                 charged_to_segment(subject, path, order),
@@ -187,17 +187,7 @@ def evaluate(out: Path) -> Evaluation:
             c,
             record.spec.judge,
             fail_on_rebound,
-            known=cls.known_issues_for(
-                device,
-                env.get("vllm"),
-                architecture,
-                record.spec.engine.dtype,
-                cpu_flags_of(subject, record),
-                kernels,
-                quantization,
-                record.checkpoints.tied_embeddings,
-                record.spec.engine.reload_mode,
-            ),
+            known=cls.known_issues_for(facts),
             require_cache_hits=cls.needs_cache_hits,
             graphs=graphs,
         )
@@ -291,7 +281,7 @@ def charged_to_segment(subject: ArmResult, path: str, order: tuple[str, ...]) ->
     return replace(subject, error=f"not run: the shared engine failed earlier, in {where}: {subject.error}")
 
 
-def refused_refit(refusals, device: str, errors: tuple[str, ...]) -> str | None:
+def refused_refit(refusals: tuple[Refusal, ...], device: str, errors: tuple[str, ...]) -> str | None:
     """The SKIPPED reason when a path's segment failed with an error vLLM declines the refit
     with by design on this device (``ReloadPath.refusals``), quoting vLLM's own words."""
     for refusal in refusals:

@@ -93,13 +93,14 @@ def rejudge(given: str | Path, out: Path | None, progress: Progress) -> tuple[in
     """Re-judge and re-render whatever ``given`` is, into ``out`` (default: in place); the exit
     code, the top page and the cells that were an ERROR."""
     from harness.judge.evaluate import evaluate
+    from harness.paths import PATHS
     from harness.report import write_reports
 
     source = directory_of(given)
     kind = kind_of(source)
     target = out or source
     if kind == "run":
-        ev = evaluate(source)
+        ev = evaluate(source, PATHS.get)
         files = write_reports(ev, target)
         return ev.exit_code, files[INDEX_HTML], [v.path for v in ev.verdicts if v.status.value == "ERROR"]
     if kind == "builds":
@@ -111,12 +112,13 @@ def _rejudge_builds(source: Path, target: Path, progress: Progress) -> tuple[int
     from harness.judge import exit_codes
     from harness.judge.evaluate import evaluate
     from harness.orchestrate.matrix import compare_runs
+    from harness.paths import PATHS
     from harness.report import write_reports
 
     runs = builds_runs(source)
     codes, errors = [], []
     for name, run in runs.items():
-        ev = evaluate(run)
+        ev = evaluate(run, PATHS.get)
         write_reports(ev, target / name)
         codes.append(ev.exit_code)
         errors += [f"[{name}] {v.path}" for v in ev.verdicts if v.status.value == "ERROR"]
@@ -132,6 +134,7 @@ def _rejudge_builds(source: Path, target: Path, progress: Progress) -> tuple[int
 def _rejudge_scenario(source: Path, target: Path, progress: Progress) -> tuple[int, Path, list[str]]:
     from harness.judge.evaluate import evaluate
     from harness.orchestrate.matrix import compare_runs
+    from harness.paths import PATHS
     from harness.report import write_reports
     from harness.report.matrix import matrix_summary, write_matrix
     from harness.spec.scenario import CellGroup, ModelRef
@@ -140,7 +143,7 @@ def _rejudge_scenario(source: Path, target: Path, progress: Progress) -> tuple[i
     per_build: dict[str, list] = {}
     for build, groups in scenario_runs(source).items():
         for group, run in groups.items():
-            ev = evaluate(run)
+            ev = evaluate(run, PATHS.get)
             write_reports(ev, (target / build / group) if build else target / group)
             model = ModelRef(group, path=ev.record.spec.model)
             per_build.setdefault(build, []).append((CellGroup(id=group, model=model, spec=ev.record.spec), ev))

@@ -330,7 +330,7 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
     to hang or kill the arm), with its reason, from the checkpoint's architecture and each
     path's engine settings, before any engine."""
     from harness.device import cuda_available
-    from harness.spec.known_issues import KNOWN_ISSUES
+    from harness.spec.known_issues import KNOWN_ISSUES, Subject
 
     skips = [k for k in KNOWN_ISSUES if k.outcome == "skip"]
     if not skips:
@@ -340,7 +340,14 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
     device = "cuda" if cuda_available() else "cpu"
     from harness.cpu_isa import host_capabilities
 
-    cpu_flags = host_capabilities(spec.engine.cpu_isa).flags  # what the arms' vLLM will see
+    subject = Subject(
+        device,
+        version,
+        architecture,
+        spec.engine.dtype,
+        cpu_flags=host_capabilities(spec.engine.cpu_isa).flags,  # what the arms' vLLM will see
+        reload_mode=spec.engine.reload_mode,
+    )
     out = {}
     for p, need in needs.items():
         prefix = need.requirements.enable_prefix_caching
@@ -350,20 +357,7 @@ def not_started(spec: RunSpec, cs, needs: dict[str, PathNeeds]) -> dict[str, str
             "enable_prefix_caching": spec.engine.setting("enable_prefix_caching") if prefix is None else prefix,
         }
         known = next(
-            (
-                k
-                for k in skips
-                if k.applies(
-                    p,
-                    device,
-                    version,
-                    architecture,
-                    spec.engine.dtype,
-                    engine,
-                    cpu_flags,
-                    reload_mode=spec.engine.reload_mode,
-                )
-            ),
+            (k for k in skips if k.applies(p, subject, engine)),
             None,
         )
         if known:
@@ -405,6 +399,7 @@ def execute(
     waited for, then reused."""
     import uuid
 
+    from harness.paths import PATHS
     from harness.settings import RUN_MARKER
 
     os.environ.setdefault(RUN_MARKER, uuid.uuid4().hex)  # the CLI sets it; other callers (pytest items) too
@@ -414,7 +409,7 @@ def execute(
         schedule(record, inputs, out, progress, fan, resume, claims, events)
     # When it ended, for the duration on the report's first lines.
     store.dump(replace(record, finished=_now()), RunDir(out).record, "run_record")
-    return evaluate(out)
+    return evaluate(out, PATHS.get)
 
 
 def _now() -> str:

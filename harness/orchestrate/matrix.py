@@ -14,6 +14,7 @@ from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import Evaluation
 from harness.orchestrate.execute import ArmEvents, Progress, execute
 from harness.orchestrate.fanout import FanoutSpec
+from harness.paths import PATHS
 from harness.run_dir import INDEX_HTML, RunDir
 from harness.spec.build import BuildSpec
 from harness.spec.run import RunSpec
@@ -71,11 +72,11 @@ def compare_runs(
     from harness.report.provenance import run_provenance
 
     expectations = tuple(parse_expectation(e) for e in expect)
-    evs = [evaluate(d) for d in (base, pr)]
+    evs = [evaluate(d, PATHS.get) for d in (base, pr)]
     cmp = compare_builds(
         evs[0],
         evs[1],
-        evaluate(base2) if base2 else None,
+        evaluate(base2, PATHS.get) if base2 else None,
         dirs=(base, pr, base2),
         expectations=expectations,
         command=shlex.join(["refit-harness", *sys.argv[1:]]),
@@ -188,7 +189,7 @@ def report_so_far(
     from harness.report.matrix import matrix_summary, write_matrix
 
     if RunDir(where).record.exists():
-        ev = evaluate(where)
+        ev = evaluate(where, PATHS.get)
         write_reports(ev, where)
         results.append((with_model(group, model), ev))
     return write_matrix(out, matrix_summary(scenario.name, per_build))

@@ -187,6 +187,7 @@ class Corpus:
         """The entry's patched run on ``python`` and the stock run it is judged against."""
         from harness.judge.evaluate import evaluate
         from harness.orchestrate.execute import execute
+        from harness.paths import PATHS
         from harness.report import write_reports
 
         engine = EngineSpec(dtype=e.exposure.dtype, engine_args=model_engine_args(e.exposure.model))
@@ -199,7 +200,7 @@ class Corpus:
         build = BuildSpec(f"patched-{e.id}"[:40].rstrip("-."), str(python))
         ev = execute(replace(run, build=build), where, self.progress, fan=self.fan, reuse_reference=False)
         write_reports(ev, where)
-        return str(where.relative_to(self.out)), evaluate(where), stock_dir, stock_ev
+        return str(where.relative_to(self.out)), evaluate(where, PATHS.get), stock_dir, stock_ev
 
     def stock_run(self, e: Entry, run: RunSpec, paths: list[str]) -> tuple[str, Evaluation]:
         """The stock run of the entry's model and dtype over ``paths``, made once."""

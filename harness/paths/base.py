@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from harness.device import RunsOn, cuda_available
 from harness.records import InFlightRequest, PromptOutput
 from harness.settings import SCRATCH_ENV
-from harness.spec.known_issues import KnownIssue, Refusal
+from harness.spec.known_issues import KnownIssue, Refusal, Subject
 from harness.spec.requirements import EngineRequirements, EngineRestart, RefitTarget
 from harness.spec.run import PromptSpec
 
@@ -90,6 +90,9 @@ class ReloadPath:
     fails; ``tokens``, greedy tokens diverge from cold B (state no tensor census holds)."""
     needs_cache_hits: ClassVar[bool] = False
     """The path is meaningful only if the prefix cache served tokens after its refit."""
+    trains: ClassVar[bool] = False
+    """A live trainer makes its targets: its refits are the trainer's optimizer steps, each
+    judged on its own (``harness.paths.trainer_steps``)."""
     runs_last: ClassVar[bool] = False
     """vLLM may raise midway through this path's refit on some engines (a save vLLM cannot
     make): in a shared engine its segment and its twin run after every other path's segment
@@ -117,39 +120,15 @@ class ReloadPath:
         return tensor_parallel_size
 
     @classmethod
-    def known_issue(
-        cls,
-        device: str,
-        vllm_version: str | None = None,
-        architecture: str | None = None,
-        dtype: str | None = None,
-        cpu_flags: tuple[str, ...] | None = None,
-        kernels: tuple[str, ...] = (),
-        quantization: str | None = None,
-        tied_embeddings: bool | None = None,
-    ) -> KnownIssue | None:
-        """The known issue expected for a subject of this path on an arm's recorded device
-        (``cpu (x86_64)``, a GPU's name...), vLLM version, model class, dtype, CPU capabilities
-        and quantized kernels: an architecture's or a kernel's issue (``harness.spec.known_issues``)
+    def known_issue(cls, subject: Subject) -> KnownIssue | None:
+        """The known issue expected for a subject of this path (``Subject``: its recorded device,
+        ``cpu (x86_64)`` or a GPU's name, vLLM version, model class, dtype, CPU capabilities and
+        quantized kernels...): an architecture's or a kernel's issue (``harness.spec.known_issues``)
         first, then the path's own."""
-        issues = cls.known_issues_for(
-            device, vllm_version, architecture, dtype, cpu_flags, kernels, quantization, tied_embeddings
-        )
-        return next(iter(issues), None)
+        return next(iter(cls.known_issues_for(subject)), None)
 
     @classmethod
-    def known_issues_for(
-        cls,
-        device: str,
-        vllm_version: str | None = None,
-        architecture: str | None = None,
-        dtype: str | None = None,
-        cpu_flags: tuple[str, ...] | None = None,
-        kernels: tuple[str, ...] = (),
-        quantization: str | None = None,
-        tied_embeddings: bool | None = None,
-        reload_mode: str = "layerwise",
-    ) -> tuple[KnownIssue, ...]:
+    def known_issues_for(cls, subject: Subject) -> tuple[KnownIssue, ...]:
         """Every known issue expected for such a subject, an architecture's or a kernel's first:
         a cell can hold two (Qwen3-MoE's experts and the fp32 oneDNN handles in a kernel-format
         reload)."""
@@ -159,22 +138,7 @@ class ReloadPath:
         expected = [k for k in KNOWN_ISSUES if k.outcome == "xfail"]
         specific = [k for k in expected if k.architectures or k.kernels or k.quantization]
         general = list(cls.known_issues) + [k for k in expected if k not in specific]
-        return tuple(
-            k
-            for k in specific + general
-            if k.applies(
-                cls.name,
-                device,
-                vllm_version,
-                architecture,
-                dtype,
-                cpu_flags=cpu_flags,
-                kernels=kernels,
-                quantization=quantization,
-                tied_embeddings=tied_embeddings,
-                reload_mode=reload_mode,
-            )
-        )
+        return tuple(k for k in specific + general if k.applies(cls.name, subject))
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> EngineRestart | None:
         """Update ``engine`` to ``target``; return an ``EngineRestart`` to be given a new engine."""

@@ -20,6 +20,33 @@ def device_kind(device: str) -> Device:
 
 
 @dataclass(frozen=True)
+class Subject:
+    """What a subject arm ran, as far as a known issue's scope asks: the facts a
+    ``KnownIssue.applies`` and ``ReloadPath.known_issues_for`` match against, gathered once
+    per path from its records."""
+
+    device: str
+    """The arm's recorded device: ``cpu (x86_64)``, a GPU's name."""
+    vllm_version: str | None = None
+    """The vLLM version it imported (``0.32.0+cpu``); None: not known."""
+    architecture: str | None = None
+    """The vLLM model class (``Qwen3MoeForCausalLM``); None: not known."""
+    dtype: str | None = None
+    """The model dtype (``bfloat16``); None: not known."""
+    cpu_flags: tuple[str, ...] | None = None
+    """The CPU capabilities vLLM saw (``CpuCapabilities.flags``); None: not recorded."""
+    kernels: tuple[str, ...] = ()
+    """The quantized linear kernels that ran (``ModelInfo.quant_kernels``)."""
+    quantization: str | None = None
+    """What its weights are quantized by (``quantization_of``); None: neither the checkpoint
+    nor the engine quantizes them."""
+    tied_embeddings: bool | None = None
+    """The checkpoint's ``tie_word_embeddings`` (``CheckpointSet.tied_embeddings``); None: not known."""
+    reload_mode: str = "layerwise"
+    """vLLM's reload mode (``EngineSpec.reload_mode``)."""
+
+
+@dataclass(frozen=True)
 class KnownIssue:
     """A measured vLLM limitation, like a strict pytest xfail: while the failure stays inside
     this scope the verdict is XFAIL (it does not fail the run); once it no longer reproduces
@@ -100,51 +127,37 @@ class KnownIssue:
         """Where it applies, in words: ``cpu``, ``cuda`` or ``every device``."""
         return self.device or "every device"
 
-    def applies(
-        self,
-        path: str,
-        device: str,
-        vllm_version: str | None,
-        architecture: str | None,
-        dtype: str | None = None,
-        engine: Mapping[str, object] | None = None,
-        cpu_flags: tuple[str, ...] | None = None,
-        kernels: tuple[str, ...] = (),
-        quantization: str | None = None,
-        tied_embeddings: bool | None = None,
-        reload_mode: str = "layerwise",
-    ) -> bool:
-        """Whether this issue is expected for a subject that ran ``path`` on ``device``
-        (``cpu ...`` or a GPU name) with this vLLM version, model class and dtype, (when
-        known) these engine settings, on a CPU with ``cpu_flags`` (``CpuCapabilities.flags``;
-        None: not recorded), with these quantized kernels, checkpoint quantization format and
-        tied embeddings."""
-        if self.device is not None and self.device != device_kind(device):
+    def applies(self, path: str, subject: Subject, engine: Mapping[str, object] | None = None) -> bool:
+        """Whether this issue is expected for ``subject`` (what it ran on, and with which vLLM
+        version, model class, dtype, CPU capabilities, quantized kernels, checkpoint quantization
+        format, tied embeddings and reload mode) having run ``path``, with (when known) these
+        engine settings."""
+        if self.device is not None and self.device != device_kind(subject.device):
             return False
         if engine is not None and any(engine.get(k) != v for k, v in self.engine_settings):
             return False
-        if self.kernels and not any(want in ran for want in self.kernels for ran in kernels):
+        if self.kernels and not any(want in ran for want in self.kernels for ran in subject.kernels):
             return False
-        if self.quantization and (quantization or UNQUANTIZED) not in self.quantization:
+        if self.quantization and (subject.quantization or UNQUANTIZED) not in self.quantization:
             return False
-        if self.tied_embeddings is not None and tied_embeddings is not self.tied_embeddings:
+        if self.tied_embeddings is not None and subject.tied_embeddings is not self.tied_embeddings:
             return False
         if self.paths and path not in self.paths:
             return False
-        if self.dtypes and dtype not in self.dtypes:
+        if self.dtypes and subject.dtype not in self.dtypes:
             return False
-        if self.reload_modes and reload_mode not in self.reload_modes:
+        if self.reload_modes and subject.reload_mode not in self.reload_modes:
             return False
-        if self.cpu_capabilities and not set(self.cpu_capabilities) & set(cpu_flags or ()):
+        if self.cpu_capabilities and not set(self.cpu_capabilities) & set(subject.cpu_flags or ()):
             return False
-        if self.architectures and architecture not in self.architectures:
+        if self.architectures and subject.architecture not in self.architectures:
             return False
         if self.vllm:
             from packaging.specifiers import SpecifierSet
             from packaging.version import InvalidVersion, Version
 
             try:
-                version = Version(vllm_version.split("+")[0]) if vllm_version else None
+                version = Version(subject.vllm_version.split("+")[0]) if subject.vllm_version else None
             except InvalidVersion:
                 return False
             return version is not None and any(version in SpecifierSet(spec) for spec in self.vllm)

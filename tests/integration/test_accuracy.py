@@ -24,6 +24,7 @@ from harness import store
 from harness.judge.accuracy import NO_POWER, SAME, extract_answer, read_accuracy_file
 from harness.judge.evaluate import evaluate
 from harness.judge.evaluation import RunRecord
+from harness.paths import PATHS
 from harness.report import write_reports
 from harness.spec.run import AccuracyPrompts
 from tests.helpers import run_cli
@@ -88,7 +89,7 @@ def test_the_models_own_answers_discriminate_and_the_refit_scores_like_cold_b(ar
         rejudged / "run.json",
         "run_record",
     )
-    files = write_reports(evaluate(rejudged), rejudged)
+    files = write_reports(evaluate(rejudged, PATHS.get), rejudged)
     summary = json.loads(files["summary.json"].read_text())
     acc, by = summary["accuracy"], points(summary)
     cold_correct = [p["correct"] for p in by["cold_B"]]

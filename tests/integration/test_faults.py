@@ -177,6 +177,7 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
     from harness.judge.evaluate import evaluate
     from harness.orchestrate.fanout import FanoutSpec, RayExecutor
     from harness.orchestrate.schedule import run_queue
+    from harness.paths import PATHS
     from harness.spec.run import ControlSpec, PerturbSpec
     from tests.unit.run_dirs import write_run
 
@@ -214,7 +215,7 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
     [(_, result)] = results
     assert result.status == "error" and result.error.startswith("the Ray actor running this arm died"), result.error
     assert "the Ray actor running this arm died" in " ".join(
-        next(v for v in evaluate(tmp_path).verdicts if v.path == "reload_weights").reasons
+        next(v for v in evaluate(tmp_path, PATHS.get).verdicts if v.path == "reload_weights").reasons
     )
     deadline = time.monotonic() + 20
     while run_processes(marker=marker) and time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import pytest
 from harness import cpu_isa
 from harness.errors import CompareError, UsageError
 from harness.records import CpuCapabilities, KernelPath
-from harness.spec.known_issues import KNOWN_ISSUES, KnownIssue
+from harness.spec.known_issues import KNOWN_ISSUES, KnownIssue, Subject
 from tests.helpers import cli
 
 # The "flags" lines of real CPUs, cut to what matters (and some that must be ignored).
@@ -144,15 +144,19 @@ def test_a_capability_scoped_issue_applies_only_where_the_cpu_shows_it():
     spr, zen3 = (cpu_isa.host_capabilities(cpuinfo=c, arch="x86_64").flags for c in (XEON_SPR, EPYC_ZEN3))
     forced = cpu_isa.host_capabilities("avx2", cpuinfo=XEON_SPR, arch="x86_64").flags
     graviton = cpu_isa.host_capabilities(cpuinfo=GRAVITON3, arch="aarch64").flags
-    assert issue.applies("p", "cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=spr)
-    assert issue.applies("p", "cpu (aarch64)", "0.32.0", None, "bfloat16", cpu_flags=graviton)
-    assert not issue.applies("p", "cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=zen3)
-    assert not issue.applies("p", "cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=forced)  # the override counts
+    assert issue.applies("p", Subject("cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=spr))
+    assert issue.applies("p", Subject("cpu (aarch64)", "0.32.0", None, "bfloat16", cpu_flags=graviton))
+    assert not issue.applies("p", Subject("cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=zen3))
     assert not issue.applies(
-        "p", "cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=None
+        "p", Subject("cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=forced)
+    )  # the override counts
+    assert not issue.applies(
+        "p", Subject("cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=None)
     )  # not recorded: not expected
-    assert not issue.applies("p", "cpu (x86_64)", "0.32.0", None, "float32", cpu_flags=spr)
-    assert _issue().applies("p", "cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=None)  # unscoped: every CPU
+    assert not issue.applies("p", Subject("cpu (x86_64)", "0.32.0", None, "float32", cpu_flags=spr))
+    assert _issue().applies(
+        "p", Subject("cpu (x86_64)", "0.32.0", None, "bfloat16", cpu_flags=None)
+    )  # unscoped: every CPU
 
 
 def test_the_mamba_conv_weights_issue_is_scoped_by_capability_dtype_and_architecture():
@@ -164,9 +168,15 @@ def test_the_mamba_conv_weights_issue_is_scoped_by_capability_dtype_and_architec
     assert "repro/mamba_conv_weights_stale_after_reload.py" in k.reason
     spr = cpu_isa.host_capabilities(cpuinfo=XEON_SPR, arch="x86_64").flags
     zen3 = cpu_isa.host_capabilities(cpuinfo=EPYC_ZEN3, arch="x86_64").flags
-    assert k.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Mamba2ForCausalLM", "bfloat16", cpu_flags=spr)
-    assert not k.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Mamba2ForCausalLM", "bfloat16", cpu_flags=zen3)
-    assert not k.applies("reload_weights", "cpu (x86_64)", "0.32.0", "LlamaForCausalLM", "bfloat16", cpu_flags=spr)
+    assert k.applies(
+        "reload_weights", Subject("cpu (x86_64)", "0.32.0", "Mamba2ForCausalLM", "bfloat16", cpu_flags=spr)
+    )
+    assert not k.applies(
+        "reload_weights", Subject("cpu (x86_64)", "0.32.0", "Mamba2ForCausalLM", "bfloat16", cpu_flags=zen3)
+    )
+    assert not k.applies(
+        "reload_weights", Subject("cpu (x86_64)", "0.32.0", "LlamaForCausalLM", "bfloat16", cpu_flags=spr)
+    )
 
 
 # ---- what the arm records ---------------------------------------------------------------------

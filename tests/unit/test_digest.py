@@ -223,28 +223,31 @@ def stamp_digests(out, algorithm_of) -> None:
 
 def test_a_run_whose_arms_used_different_digests_is_refused_and_its_records_kept(tmp_path):
     from harness.judge.evaluate import evaluate
+    from harness.paths import PATHS
     from tests.unit.run_dirs import write_run
 
     write_run(tmp_path / "same")
     stamp_digests(tmp_path / "same", lambda name: BLAKE3)
-    assert all(v.status.value == "PASS" for v in evaluate(tmp_path / "same").verdicts)  # one algorithm: judged
+    same = evaluate(tmp_path / "same", PATHS.get)
+    assert all(v.status.value == "PASS" for v in same.verdicts)  # one algorithm: judged
     write_run(tmp_path / "mixed")
     stamp_digests(tmp_path / "mixed", lambda name: BLAKE3 if name == "reference" else XXH3)
     before = {f.name: f.read_bytes() for f in (tmp_path / "mixed" / "arms").iterdir()}
     with pytest.raises(CompareError, match="cannot be compared"):
-        evaluate(tmp_path / "mixed")
+        evaluate(tmp_path / "mixed", PATHS.get)
     assert {f.name: f.read_bytes() for f in (tmp_path / "mixed" / "arms").iterdir()} == before
 
 
 def test_builds_digested_with_different_algorithms_are_not_compared(tmp_path):
     from harness.judge.crossbuild import compare_builds
     from harness.judge.evaluate import evaluate
+    from harness.paths import PATHS
     from tests.unit.run_dirs import write_run
 
     for name, algorithm in (("base", XXH3), ("pr", BLAKE3), ("pr2", XXH3)):
         write_run(tmp_path / name)
         stamp_digests(tmp_path / name, lambda arm_name, a=algorithm: a)
-    base, pr, pr2 = (evaluate(tmp_path / n) for n in ("base", "pr", "pr2"))
+    base, pr, pr2 = (evaluate(tmp_path / n, PATHS.get) for n in ("base", "pr", "pr2"))
     assert compare_builds(base, pr2).builds  # one algorithm: compared
     with pytest.raises(CompareError, match="base, pr: the arms digested tensors with different algorithms"):
         compare_builds(base, pr)

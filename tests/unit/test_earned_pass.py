@@ -252,7 +252,7 @@ def write_run(tmp_path, device: str, paths=("compiled",), rebound="auto"):
     "device, verdict", [("NVIDIA H100 80GB HBM3", VerdictStatus.FAIL), ("cpu (x86_64)", VerdictStatus.PASS)]
 )
 def test_a_compiled_path_in_an_eager_run_fails_a_rebound_on_a_gpu(tmp_path, device, verdict):
-    ev = evaluate(write_run(tmp_path, device))
+    ev = evaluate(write_run(tmp_path, device), PATHS.get)
     assert ev.record.spec.engine.mode == "eager"
     [v] = ev.verdicts
     assert v.status is verdict, v.reasons
@@ -261,7 +261,7 @@ def test_a_compiled_path_in_an_eager_run_fails_a_rebound_on_a_gpu(tmp_path, devi
 
 
 def test_an_eager_path_on_a_gpu_reports_a_rebound_without_failing(tmp_path):
-    [v] = evaluate(write_run(tmp_path, "NVIDIA H100 80GB HBM3", paths=("reload_weights",))).verdicts
+    [v] = evaluate(write_run(tmp_path, "NVIDIA H100 80GB HBM3", paths=("reload_weights",)), PATHS.get).verdicts
     assert v.status is VerdictStatus.PASS
     assert any("REBOUND, not failing" in r for r in v.notes)
 
@@ -282,7 +282,7 @@ def test_a_plain_run_runs_the_twins_and_no_sabotage_turns_them_off():
 
 
 def test_a_pass_without_a_twin_is_shown_as_such_and_is_not_earned(tmp_path):
-    [v] = evaluate(write_run(tmp_path, "cpu (x86_64)", paths=("reload_weights",))).verdicts  # no twin ran
+    [v] = evaluate(write_run(tmp_path, "cpu (x86_64)", paths=("reload_weights",)), PATHS.get).verdicts  # no twin ran
     assert v.status is VerdictStatus.PASS and not v.earned
     assert v.shown == "PASS (no twin)" and v.reasons[0].startswith("no sabotaged twin ran (--no-sabotage)")
     assert "not earned" in v.headline
@@ -306,7 +306,7 @@ def test_the_grid_and_summary_show_an_unearned_pass(tmp_path):
     from harness.report.summary import summary_dict
     from harness.spec.scenario import CellGroup, ModelRef
 
-    ev = evaluate(write_run(tmp_path, "cpu (x86_64)", paths=("reload_weights",)))
+    ev = evaluate(write_run(tmp_path, "cpu (x86_64)", paths=("reload_weights",)), PATHS.get)
     entry = summary_dict(ev)["paths"]["reload_weights"]
     assert entry["verdict"] == "PASS" and entry["shown"] == "PASS (no twin)" and entry["earned"] is False
     group = CellGroup(id="g", model=ModelRef("m", path="/a"), spec=ev.record.spec)

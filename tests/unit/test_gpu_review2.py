@@ -5,7 +5,7 @@ classes are imported where a check can use them."""
 from __future__ import annotations
 
 from harness.paths import PATHS
-from harness.spec.known_issues import KNOWN_ISSUES, KnownIssue
+from harness.spec.known_issues import KNOWN_ISSUES, KnownIssue, Subject
 
 # ---- known issues scoped by what causes them --------------------------------------------------
 
@@ -106,20 +106,20 @@ def test_the_42125_prefix_cache_key_issue_is_expected_on_a_gpu():
     path = PATHS.get("lora_inplace_same_path")
     for device in ("cpu (x86_64)", "NVIDIA H200"):
         for version in ("0.32.0", "0.34.0"):  # 0.34 measured to have it too (a CPU build)
-            known = path.known_issue(device, version, "Qwen3ForCausalLM", "bfloat16")
+            known = path.known_issue(Subject(device, version, "Qwen3ForCausalLM", "bfloat16"))
             assert known is not None and "#42125" in known.title, (device, version)
     # A version nobody measured is not assumed to have it.
-    assert path.known_issue("NVIDIA H200", "0.33.0", "Qwen3ForCausalLM", "bfloat16") is None
+    assert path.known_issue(Subject("NVIDIA H200", "0.33.0", "Qwen3ForCausalLM", "bfloat16")) is None
 
 
 def test_a_device_independent_issue_still_keeps_its_other_scopes():
     issue = KnownIssue(device=None, reason="r", vllm=("==0.32.*",), paths=("prefix_cache",))
-    assert issue.applies("prefix_cache", "NVIDIA H100 80GB HBM3", "0.32.0", None)
-    assert issue.applies("prefix_cache", "cpu (x86_64)", "0.32.0", None)
-    assert not issue.applies("reload_weights", "NVIDIA H100 80GB HBM3", "0.32.0", None)
+    assert issue.applies("prefix_cache", Subject("NVIDIA H100 80GB HBM3", "0.32.0", None))
+    assert issue.applies("prefix_cache", Subject("cpu (x86_64)", "0.32.0", None))
+    assert not issue.applies("reload_weights", Subject("NVIDIA H100 80GB HBM3", "0.32.0", None))
     assert issue.where == "every device"
     assert KnownIssue(device="cuda", reason="r").where == "cuda"
-    assert not KnownIssue(device="cuda", reason="r").applies("p", "cpu (x86_64)", None, None)
+    assert not KnownIssue(device="cuda", reason="r").applies("p", Subject("cpu (x86_64)", None, None))
 
 
 # ---- the HPC cell without hpc-ops -------------------------------------------------------------
@@ -461,7 +461,9 @@ def test_the_fp16_sinks_issue_is_expected_only_of_models_that_have_sinks():
     (it did, and every dense family without sinks was an XPASS)."""
     sinks = next(i for i in KNOWN_ISSUES if "copy of the sinks" in i.title)
     for arch, expected in (("GraniteForCausalLM", True), ("Qwen3ForCausalLM", False), ("LlamaForCausalLM", False)):
-        got = sinks.applies("reload_weights", "cpu (x86_64)", "0.32.0", arch, dtype="float16")
+        got = sinks.applies("reload_weights", Subject("cpu (x86_64)", "0.32.0", arch, dtype="float16"))
         assert got is expected, arch
-    assert not sinks.applies("reload_weights", "cpu (x86_64)", "0.32.0", "GraniteForCausalLM", dtype="bfloat16")
-    assert not sinks.applies("sharded_state", "cpu (x86_64)", "0.32.0", "GraniteForCausalLM", dtype="float16")
+    assert not sinks.applies(
+        "reload_weights", Subject("cpu (x86_64)", "0.32.0", "GraniteForCausalLM", dtype="bfloat16")
+    )
+    assert not sinks.applies("sharded_state", Subject("cpu (x86_64)", "0.32.0", "GraniteForCausalLM", dtype="float16"))

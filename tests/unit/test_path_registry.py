@@ -10,6 +10,8 @@ import pytest
 
 from harness.paths import BUILTIN_MODULES, PATHS, PathRefused, PathRegistry, contract_violation
 from harness.paths.base import ReloadPath
+from harness.spec.known_issues import Subject
+from harness.spec.path_declaration import PathDeclaration
 from tests.helpers import cli
 
 
@@ -39,6 +41,22 @@ def test_every_built_in_path_keeps_the_contract():
     assert {f"harness.paths.{m}" for m in BUILTIN_MODULES} <= registered_by, registered_by
     for name in names:
         assert contract_violation(name, PATHS.get(name)) is None, name
+
+
+def test_every_path_declares_what_the_judge_reads():
+    """The judge reads each path through ``PathDeclaration`` (it never imports the paths): every
+    registered class, and the base class a third-party path extends, is one; a class that
+    declares less is not."""
+    names = PATHS.names()
+    assert names, "the reload-path registry is empty"
+    for name in names:
+        cls = PATHS.get(name)
+        assert isinstance(cls, PathDeclaration), name
+        assert isinstance(cls.trains, bool) and isinstance(cls.needs_cache_hits, bool), name
+        assert isinstance(cls.known_issues_for(Subject("cpu (x86_64)")), tuple), name
+    assert isinstance(_WithTwin, PathDeclaration) and _WithTwin.trains is False
+    assert PATHS.get("trainer_steps").trains is True
+    assert not isinstance(type("Undeclared", (), {"sabotage": "s", "refusals": ()}), PathDeclaration)
 
 
 def test_a_path_without_a_sabotaged_twin_is_refused_in_one_line():

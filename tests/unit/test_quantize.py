@@ -26,6 +26,7 @@ from harness.checkpoints.quantize import (
 )
 from harness.checkpoints.read import read_headers
 from harness.errors import CheckpointError, UnknownName
+from harness.spec.known_issues import Subject
 from harness.spec.run import ControlSpec, PerturbSpec
 
 PROJ = {
@@ -319,30 +320,48 @@ def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran(
     issue = next(k for k in KNOWN_ISSUES if "CPUInt8ScaledMMLinearKernel:_apply_weights_onednn" in k.kernels)
     w4a8 = next(k for k in KNOWN_ISSUES if "CPUWNA16LinearKernel:w4a8" in k.kernels)
     ran = ("AutoAWQMarlinLinearMethod/CPUWNA16LinearKernel:w4a8",)
-    assert w4a8.applies("reload_weights", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran)
-    assert not w4a8.applies("reload_weights", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran[:0])
-    assert not w4a8.applies("reload_weights", "cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", kernels=ran)  # no bias
+    assert w4a8.applies("reload_weights", Subject("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran))
+    assert not w4a8.applies("reload_weights", Subject("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=ran[:0]))
+    assert not w4a8.applies(
+        "reload_weights", Subject("cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", kernels=ran)
+    )  # no bias
     fp8_block = "compressed-tensors/float/block"
     block = next(k for k in KNOWN_ISSUES if fp8_block in k.quantization)
-    assert block.applies("http_reload", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", quantization=fp8_block)
-    assert not block.applies("http_reload", "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16")  # float checkpoint
-    assert not block.applies("http_reload", "cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", quantization=fp8_block)
+    assert block.applies(
+        "http_reload", Subject("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", quantization=fp8_block)
+    )
+    assert not block.applies(
+        "http_reload", Subject("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16")
+    )  # float checkpoint
+    assert not block.applies(
+        "http_reload", Subject("cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", quantization=fp8_block)
+    )
     # The fused-MoE expert corruption is the unquantized kernel's: an online-int8 MoE expects nothing.
     moe = next(
         k for k in KNOWN_ISSUES if k.tensor_pattern == r"\.experts\." and "Qwen3MoeForCausalLM" in k.architectures
     )
-    assert moe.applies("reload_weights", "cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16")
+    assert moe.applies("reload_weights", Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16"))
     online = quantization_of(None, {"quantization": "int8_per_channel_weight_only"})
     assert online == "online/int8_per_channel_weight_only" and quantization_of(fp8_block, {}) == fp8_block
-    assert not moe.applies("reload_weights", "cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16", quantization=online)
+    assert not moe.applies(
+        "reload_weights", Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16", quantization=online)
+    )
     onednn = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",)
     amx = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_sgl",)
-    assert issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
-    assert not issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=amx)
-    assert not issue.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16")
+    assert issue.applies(
+        "reload_weights", Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
+    )
+    assert not issue.applies(
+        "reload_weights", Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=amx)
+    )
+    assert not issue.applies("reload_weights", Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16"))
     path = PATHS.get("reload_weights")
-    assert issue in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
-    assert issue not in path.known_issues_for("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=amx)
+    assert issue in path.known_issues_for(
+        Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=onednn)
+    )
+    assert issue not in path.known_issues_for(
+        Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16", kernels=amx)
+    )
 
 
 def test_the_census_names_the_quantized_kernels_a_model_runs():
@@ -396,7 +415,9 @@ def test_the_tied_head_issue_is_not_expected_of_an_untied_model_of_the_same_clas
     path = PATHS.get("reload_weights")
 
     def expected(arch: str, tied: bool, flags: tuple[str, ...] = ("avx2", "avx512_f")) -> bool:
-        issues = path.known_issues_for("cpu", "0.32.0", arch, "bfloat16", cpu_flags=flags, tied_embeddings=tied)
+        issues = path.known_issues_for(
+            Subject("cpu", "0.32.0", arch, "bfloat16", cpu_flags=flags, tied_embeddings=tied)
+        )
         return any("tied lm_head" in k.title for k in issues)
 
     assert expected("Qwen3ForCausalLM", True) and not expected("Qwen3ForCausalLM", False)
@@ -414,7 +435,7 @@ def test_the_tied_head_issue_covers_every_in_place_path_it_was_measured_on_and_n
 
     def titles(path: str) -> list[str]:
         issues = PATHS.get(path).known_issues_for(
-            "cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", cpu_flags=("avx512_f",), tied_embeddings=True
+            Subject("cpu", "0.32.0", "LlamaForCausalLM", "bfloat16", cpu_flags=("avx512_f",), tied_embeddings=True)
         )
         return [k.title for k in issues]
 
@@ -422,7 +443,7 @@ def test_the_tied_head_issue_covers_every_in_place_path_it_was_measured_on_and_n
         assert any("tied lm_head" in t for t in titles(path)), path
     # float32: oneDNN builds the head's handle on every x86 CPU (measured in every tied family).
     fp32 = PATHS.get("http_reload").known_issues_for(
-        "cpu", "0.32.0", "Qwen2ForCausalLM", "float32", cpu_flags=("avx2",), tied_embeddings=True
+        Subject("cpu", "0.32.0", "Qwen2ForCausalLM", "float32", cpu_flags=("avx2",), tied_embeddings=True)
     )
     assert any("tied lm_head" in k.title for k in fp32)
     assert not any("tied lm_head" in t for t in titles("reload_kernel_format"))
@@ -440,7 +461,7 @@ def test_the_bf16_sharded_state_gap_is_expected_on_avx512_only_and_by_its_error(
     def gap(flags: tuple[str, ...], dtype: str = "bfloat16") -> list:
         return [
             k
-            for k in path.known_issues_for("cpu", "0.32.0", "LlamaForCausalLM", dtype, cpu_flags=flags)
+            for k in path.known_issues_for(Subject("cpu", "0.32.0", "LlamaForCausalLM", dtype, cpu_flags=flags))
             if k.error_contains == "Missing keys"
         ]
 
@@ -493,7 +514,8 @@ def test_the_quantized_grids_findings_are_scoped_to_what_measured_them():
 
     def titles(path: str, **scope) -> list[str]:
         return [
-            k.title for k in PATHS.get(path).known_issues_for("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", **scope)
+            k.title
+            for k in PATHS.get(path).known_issues_for(Subject("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", **scope))
         ]
 
     onednn = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",)
@@ -514,7 +536,7 @@ def test_the_quantized_grids_findings_are_scoped_to_what_measured_them():
     (scales,) = [
         k
         for k in PATHS.get("dummy_start").known_issues_for(
-            "cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", quantization="compressed-tensors/int/channel"
+            Subject("cpu", "0.32.0", "Qwen3ForCausalLM", "bfloat16", quantization="compressed-tensors/int/channel")
         )
         if "dummy start" in k.title
     ]

@@ -223,12 +223,13 @@ def test_arm_key_follows_plan_checkpoints_and_harness_commit(tmp_path):
 
     from harness.judge.evaluate import evaluate
     from harness.orchestrate.schedule import arm_key
+    from harness.paths import PATHS
 
     for d in ("a", "b", "c"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "model.safetensors").write_bytes(b"x")
     write_run(tmp_path / "run")
-    arm = evaluate(tmp_path / "run").record.plan.arms[2]
+    arm = evaluate(tmp_path / "run", PATHS.get).record.plan.arms[2]
     arm = dataclasses.replace(
         arm,
         checkpoints=dataclasses.replace(
@@ -270,6 +271,7 @@ def test_scenario_resume_of_a_single_run_is_refused(tmp_path):
 
 def test_a_failing_segment_is_charged_to_itself_and_the_ones_after_it(tmp_path):
     from harness.judge.evaluate import evaluate
+    from harness.paths import PATHS
 
     paths = ("reload_weights", "reload_weights_iterator", "discard_reload")
     arm = "subject-" + "+".join(paths)
@@ -283,7 +285,7 @@ def test_a_failing_segment_is_charged_to_itself_and_the_ones_after_it(tmp_path):
             "discard_reload": ("warm_B", "warm_B_again", "warm_B_control", "warm_A"),
         },
     )
-    verdicts = {v.path: v for v in evaluate(tmp_path).verdicts}
+    verdicts = {v.path: v for v in evaluate(tmp_path, PATHS.get).verdicts}
     assert verdicts["reload_weights"].status is VerdictStatus.PASS, verdicts["reload_weights"].reasons
     failing = verdicts["reload_weights_iterator"]
     assert failing.status is VerdictStatus.ERROR
@@ -299,11 +301,12 @@ def test_a_failing_segment_is_charged_to_itself_and_the_ones_after_it(tmp_path):
 
 def test_a_cold_start_failure_stays_on_every_path(tmp_path):
     from harness.judge.evaluate import evaluate
+    from harness.paths import PATHS
 
     paths = ("reload_weights", "discard_reload")
     arm = "subject-" + "+".join(paths)
     write_run(tmp_path, paths=paths, errors={arm: "engine did not start"})
-    assert {v.status for v in evaluate(tmp_path).verdicts} == {VerdictStatus.ERROR}
+    assert {v.status for v in evaluate(tmp_path, PATHS.get).verdicts} == {VerdictStatus.ERROR}
 
 
 # --- reports: untrusted text ----------------------------------------------------------------
@@ -315,6 +318,7 @@ HOSTILE_LABEL = "javascript:alert(4)<script>x</script>"
 
 def test_hostile_labels_tensor_names_and_errors_are_inert_in_every_report(tmp_path):
     from harness.judge.evaluate import evaluate
+    from harness.paths import PATHS
     from harness.report import write_reports
     from harness.report.matrix import matrix_summary, write_matrix
     from harness.spec.scenario import CellGroup
@@ -329,7 +333,7 @@ def test_hostile_labels_tensor_names_and_errors_are_inert_in_every_report(tmp_pa
                 if t["name"] == HOSTILE_TENSOR:
                     t["digest"] = "a-n"  # still A's value
     stale.write_text(json.dumps(payload))
-    ev = evaluate(tmp_path / "cell")
+    ev = evaluate(tmp_path / "cell", PATHS.get)
     write_reports(ev, tmp_path / "cell")
     group = CellGroup(id=HOSTILE_LABEL, model=None, spec=ev.record.spec)
     write_matrix(tmp_path, matrix_summary(HOSTILE_LABEL, [(group, ev)]))
@@ -395,10 +399,11 @@ def test_a_full_disk_leaves_reports_and_records_whole_or_absent_and_exits_2(tmp_
     import shutil
 
     from harness.judge.evaluate import evaluate
+    from harness.paths import PATHS
     from harness.report import write_reports
 
     write_run(tmp_path / "ref")
-    write_reports(evaluate(tmp_path / "ref"), tmp_path / "ref")
+    write_reports(evaluate(tmp_path / "ref", PATHS.get), tmp_path / "ref")
     expected = {name: (tmp_path / "ref" / name).read_bytes() for name in REPORTS}
     outcomes = []
     for free in range(0, 64 << 10, 4 << 10):  # from nothing to more than the whole report needs
@@ -408,7 +413,7 @@ def test_a_full_disk_leaves_reports_and_records_whole_or_absent_and_exits_2(tmp_
         write_run(run)
         _fill_leaving(small_disk, free)
         try:
-            write_reports(evaluate(run), run)
+            write_reports(evaluate(run, PATHS.get), run)
             outcomes.append("complete")
         except OSError as exc:
             assert exc.errno == 28, exc

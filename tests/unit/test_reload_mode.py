@@ -9,7 +9,7 @@ from harness.cli import build_parser
 from harness.cli.run import with_run_flags
 from harness.errors import UsageError
 from harness.spec.engine_config import RELOAD_MODE_ENV
-from harness.spec.known_issues import KnownIssue
+from harness.spec.known_issues import KnownIssue, Subject
 from harness.spec.run import EngineSpec
 from harness.spec.scenario import expand
 from scenarios.default import DIRECT_PATHS, default
@@ -54,6 +54,6 @@ def test_an_unknown_mode_is_refused_by_the_parser():
 
 def test_a_known_issue_can_be_scoped_to_a_reload_mode():
     issue = KnownIssue(device="cpu", reason="r", vllm=(">=0.34",), reload_modes=("direct",))
-    assert issue.applies("reload_weights", "cpu", "0.34.0", None, reload_mode="direct")
-    assert not issue.applies("reload_weights", "cpu", "0.34.0", None, reload_mode="layerwise")
-    assert not issue.applies("reload_weights", "cpu", "0.34.0", None)  # the default mode is layerwise
+    assert issue.applies("reload_weights", Subject("cpu", "0.34.0", None, reload_mode="direct"))
+    assert not issue.applies("reload_weights", Subject("cpu", "0.34.0", None, reload_mode="layerwise"))
+    assert not issue.applies("reload_weights", Subject("cpu", "0.34.0", None))  # the default mode is layerwise

@@ -11,6 +11,7 @@ import pytest
 from harness.errors import CompareError, UsageError
 from harness.judge.evaluate import evaluate
 from harness.orchestrate.directories import comparable_pairs, kind_of, rejudge
+from harness.paths import PATHS
 from harness.report import write_reports
 from harness.report.matrix import matrix_summary, write_matrix
 from harness.spec.scenario import CellGroup, ModelRef
@@ -25,7 +26,7 @@ def scenario_dir(root: Path) -> Path:
     results = []
     for g in GROUPS:
         write_run(root / g, paths=("reload_weights",))
-        ev = evaluate(root / g)
+        ev = evaluate(root / g, PATHS.get)
         write_reports(ev, root / g)
         results.append((CellGroup(id=g, model=ModelRef(g, path="/a"), spec=ev.record.spec), ev))
     write_matrix(root, matrix_summary("default", results))
@@ -74,7 +75,7 @@ def test_compare_refuses_runs_of_different_models_or_dtypes_unless_allowed(tmp_p
 
     write_run(tmp_path / "base")
     write_run(tmp_path / "pr")
-    base, pr = evaluate(tmp_path / "base"), evaluate(tmp_path / "pr")
+    base, pr = evaluate(tmp_path / "base", PATHS.get), evaluate(tmp_path / "pr", PATHS.get)
     assert compare_builds(base, pr).builds  # one model, one dtype
     other_model = dataclasses.replace(
         pr, record=dataclasses.replace(pr.record, checkpoints=dataclasses.replace(pr.record.checkpoints, a="/other"))
@@ -106,7 +107,6 @@ def test_every_top_page_starts_with_its_provenance(tmp_path):
 
 
 def test_a_finding_named_by_a_known_issue_exists():
-    from harness.paths import PATHS
     from harness.spec import known_issues
 
     root = Path(__file__).resolve().parents[2]
@@ -136,7 +136,7 @@ def test_rows_equal_but_for_their_path_collapse_into_one_naming_the_paths():
 
 def test_a_run_page_says_first_whether_outputs_moved(tmp_path):
     write_run(tmp_path / "run", paths=("reload_weights",))
-    ev = evaluate(tmp_path / "run")
+    ev = evaluate(tmp_path / "run", PATHS.get)
     files = write_reports(ev, tmp_path / "run")
     html = files["index.html"].read_text()
     assert "id='outputs'" in html and "equal cold B" in html[html.index("id='outputs'") :][:200]

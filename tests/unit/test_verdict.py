@@ -1,6 +1,6 @@
 from harness.judge.diff import compare_path
 from harness.judge.verdict import VerdictStatus, judge, rebound_fails
-from harness.spec.known_issues import KnownIssue
+from harness.spec.known_issues import KnownIssue, Subject
 from harness.spec.run import JudgePolicy
 from tests.records import EXPECTED, A, B, arm, obs, output, subject, tensor
 
@@ -162,9 +162,9 @@ def test_known_issue_is_picked_by_the_recorded_device():
     from harness.paths import PATHS
 
     kernel_format = PATHS.get("reload_kernel_format")
-    assert kernel_format.known_issue("cpu (x86_64)", dtype="float32").tensor_kinds == ("kernel",)
-    assert kernel_format.known_issue("NVIDIA H100 80GB HBM3") is None
-    assert PATHS.get("reload_weights").known_issue("cpu (x86_64)") is None
+    assert kernel_format.known_issue(Subject("cpu (x86_64)", dtype="float32")).tensor_kinds == ("kernel",)
+    assert kernel_format.known_issue(Subject("NVIDIA H100 80GB HBM3")) is None
+    assert PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)")) is None
 
 
 def test_a_name_scoped_known_issue_explains_only_tensors_matching_its_pattern():

@@ -13,7 +13,7 @@ from harness.checkpoints.derived import perturbed
 from harness.checkpoints.prepare import prepare
 from harness.checkpoints.read import TensorHeader, check_target, load_weights, read_headers
 from harness.errors import CheckpointError
-from harness.spec.known_issues import KnownIssue
+from harness.spec.known_issues import KnownIssue, Subject
 from harness.spec.run import ControlSpec, PerturbSpec
 
 
@@ -155,19 +155,23 @@ def test_known_issue_scope_by_version_architecture_path_and_device():
     k = KnownIssue(
         device="cpu", reason="r", vllm=("==0.32.*",), architectures=("Qwen3MoeForCausalLM",), paths=("reload_weights",)
     )
-    assert k.applies("reload_weights", "cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM")
-    assert k.applies("reload_weights", "cpu", "0.32.1+cpu", "Qwen3MoeForCausalLM")
-    assert not k.applies("reload_weights", "cpu", "0.33.0", "Qwen3MoeForCausalLM")  # fixed upstream: a real verdict
-    assert not k.applies("reload_weights", "cpu", None, "Qwen3MoeForCausalLM")
-    assert not k.applies("reload_weights", "cpu", "0.32.0", "LlamaForCausalLM")
-    assert not k.applies("transfer_gloo", "cpu", "0.32.0", "Qwen3MoeForCausalLM")
-    assert not k.applies("reload_weights", "NVIDIA H100", "0.32.0", "Qwen3MoeForCausalLM")
+    assert k.applies("reload_weights", Subject("cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM"))
+    assert k.applies("reload_weights", Subject("cpu", "0.32.1+cpu", "Qwen3MoeForCausalLM"))
+    assert not k.applies(
+        "reload_weights", Subject("cpu", "0.33.0", "Qwen3MoeForCausalLM")
+    )  # fixed upstream: a real verdict
+    assert not k.applies("reload_weights", Subject("cpu", None, "Qwen3MoeForCausalLM"))
+    assert not k.applies("reload_weights", Subject("cpu", "0.32.0", "LlamaForCausalLM"))
+    assert not k.applies("transfer_gloo", Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM"))
+    assert not k.applies("reload_weights", Subject("NVIDIA H100", "0.32.0", "Qwen3MoeForCausalLM"))
     from harness.paths import PATHS
 
-    moe = PATHS.get("reload_weights").known_issue("cpu (x86_64)", "0.32.0", "MixtralForCausalLM")
+    moe = PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)", "0.32.0", "MixtralForCausalLM"))
     assert moe is not None and "expert" in moe.reason
-    assert PATHS.get("reload_weights").known_issue("cpu (x86_64)", "0.32.0", "LlamaForCausalLM") is None
-    own = PATHS.get("reload_kernel_format").known_issue("cpu (x86_64)", "0.32.0", "LlamaForCausalLM", "float32")
+    assert PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)", "0.32.0", "LlamaForCausalLM")) is None
+    own = PATHS.get("reload_kernel_format").known_issue(
+        Subject("cpu (x86_64)", "0.32.0", "LlamaForCausalLM", "float32")
+    )
     assert own is not None and own.tensor_kinds == ("kernel",)  # a path's own issue still applies
 
 
@@ -188,8 +192,8 @@ def test_the_cpu_onednn_issues_are_expected_in_float32_only():
 
     for path in ("reload_kernel_format", "sharded_state"):
         cls = PATHS.get(path)
-        assert cls.known_issue("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "float32") is not None, path
-        assert cls.known_issue("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16") is None, path
+        assert cls.known_issue(Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "float32")) is not None, path
+        assert cls.known_issue(Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16")) is None, path
 
 
 def test_moe_reload_issue_covers_every_measured_reload_path_and_the_deepseek_save_crash_is_its_own():
@@ -201,19 +205,24 @@ def test_moe_reload_issue_covers_every_measured_reload_path_and_the_deepseek_sav
     from harness.paths import PATHS
 
     for path in ("reload_weights_iterator", "transfer_gloo", "http_reload", "dummy_start", "compiled"):
-        k = PATHS.get(path).known_issue("cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16")
+        k = PATHS.get(path).known_issue(Subject("cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16"))
         assert k is not None and k.tensor_pattern == r"\.experts\.", path
-    assert PATHS.get("sharded_state").known_issue("cpu (x86_64)", "0.32.0", "MixtralForCausalLM", "bfloat16") is None
+    assert (
+        PATHS.get("sharded_state").known_issue(Subject("cpu (x86_64)", "0.32.0", "MixtralForCausalLM", "bfloat16"))
+        is None
+    )
     granite = PATHS.get("reload_kernel_format").known_issue(
-        "cpu (x86_64)", "0.32.0", "GraniteMoeHybridForCausalLM", "bfloat16"
+        Subject("cpu (x86_64)", "0.32.0", "GraniteMoeHybridForCausalLM", "bfloat16")
     )
     assert granite is not None and granite.tensor_pattern == r"\.experts\."  # measured: its experts, nothing else
     # DeepSeek-V3 (noaux_tc): its experts only; the gate's routing bias is refreshed (measured), so a
     # corrupt mlp.gate.e_score_correction_bias stays a FAIL (the 38746 corpus entry).
-    v3 = PATHS.get("reload_weights").known_issue("cpu (x86_64)", "0.32.0", "DeepseekV3ForCausalLM", "float32")
+    v3 = PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)", "0.32.0", "DeepseekV3ForCausalLM", "float32"))
     assert v3 is not None and v3.tensor_pattern == r"\.experts\."
     assert not re.search(v3.tensor_pattern, "model.layers.1.mlp.gate.e_score_correction_bias")
-    save = PATHS.get("sharded_state").known_issue("cpu (x86_64)", "0.32.0", "DeepseekV2ForCausalLM", "bfloat16")
+    save = PATHS.get("sharded_state").known_issue(
+        Subject("cpu (x86_64)", "0.32.0", "DeepseekV2ForCausalLM", "bfloat16")
+    )
     assert save is not None and save.error_contains and "save_sharded_state" in save.title
     crash = PathComparison(
         path="sharded_state",
