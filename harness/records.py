@@ -24,6 +24,10 @@ ArmRole = Literal[
 ]
 ArmStatus = Literal["ok", "error"]
 
+DRAFTER_PREFIX = "drafter."
+"""Census names of a speculative-decoding drafter's tensors: ``drafter.`` + the name in the
+drafter's own model (``model_runner.drafter.model``), beside the target's."""
+
 
 @dataclass(frozen=True)
 class TensorRecord:
@@ -244,6 +248,17 @@ class Observation:
     in_flight: tuple[InFlightRequest, ...] = ()
     """Requests that were generating while the refit before this observation ran, followed to
     their end (paths that refit a serving engine under ``/pause``; others: none)."""
+    drafts: tuple[int, int] | None = None
+    """``(accepted, proposed)`` draft tokens of a speculative-decoding engine over the greedy
+    requests of this observation (vLLM's ``spec_decode`` counters); None: no drafter, or an
+    engine that does not report them."""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over proposed draft tokens; None without drafts."""
+        if self.drafts is None or not self.drafts[1]:
+            return None
+        return self.drafts[0] / self.drafts[1]
 
     def shown_name(self, record: TensorRecord | ConsumedTensor | UnobservedRecord | GraphRead) -> str:
         """A record's name as comparisons and reports show it: ``rank<N>:<name>`` when more

@@ -71,7 +71,15 @@ def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[s
     if r.lora:
         # One adapter slot: the served adapter is the only one, so a reload cannot land elsewhere.
         args.update(enable_lora=True, max_loras=1, max_lora_rank=served_max_lora_rank(arm))
-    return {**args, **(overrides or {})}
+    args.update(overrides or {})
+    if e.draft_tokens:
+        # The drafter follows the checkpoint the engine starts on: a cold B drafts with B.
+        args["speculative_config"] = {
+            "method": "draft_model",
+            "model": args["model"],
+            "num_speculative_tokens": e.draft_tokens,
+        }
+    return args
 
 
 def serve_flags(args: dict[str, Any]) -> list[str]:
@@ -122,9 +130,24 @@ def transfer_layout(arm: ArmPlan, cuda: bool | None = None) -> TransferLayout:
     return layout(backend, arm.engine.tensor_parallel_size, cuda_available() if cuda is None else cuda)
 
 
+SPEC_DECODE_COUNTERS = ("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens")
+"""vLLM's counters of accepted and proposed draft tokens (``LLM.get_metrics()``)."""
+
+
+def draft_counts_of(metrics: list) -> tuple[int, int] | None:
+    """``(accepted, proposed)`` from ``LLM.get_metrics()``; None when it has no drafter counters."""
+    found = {m.name: int(m.value) for m in metrics if m.name in SPEC_DECODE_COUNTERS}
+    if len(found) < len(SPEC_DECODE_COUNTERS):
+        return None
+    return found[SPEC_DECODE_COUNTERS[0]], found[SPEC_DECODE_COUNTERS[1]]
+
+
 def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None, cuda: bool | None = None) -> dict[str, Any]:
-    """``LLM(...)`` arguments: ``engine_args``, plus a transfer backend's config and executor."""
+    """``LLM(...)`` arguments: ``engine_args``, plus a transfer backend's config and executor, and
+    with a drafter, the statistics that count its drafts (``LLM`` turns them off by default)."""
     args = engine_args(arm, overrides)
+    if arm.engine.draft_tokens:
+        args["disable_log_stats"] = False
     if arm.requirements.weight_transfer_backend:
         from vllm.config import WeightTransferConfig
 
@@ -179,6 +202,11 @@ class EngineBase(ABC):
     @abstractmethod
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """A method of ``vllm.LLM`` (``sleep``, ``reset_prefix_cache``, weight-transfer calls...)."""
+
+    def draft_counts(self) -> tuple[int, int] | None:
+        """``(accepted, proposed)`` draft tokens so far, from vLLM's speculative-decoding counters;
+        None: no drafter, or an engine that does not report them here (``vllm serve``)."""
+        return None
 
     def close(self, wait: bool = False) -> None:
         """Shut the engine down; ``wait``: until its processes are gone (before a restart).
@@ -242,6 +270,9 @@ class LocalEngine(EngineBase):
     def call(self, method, *args, **kwargs):
         return getattr(self.llm, method)(*args, **kwargs)
 
+    def draft_counts(self):
+        return draft_counts_of(self.llm.get_metrics()) if self.llm.llm_engine.log_stats else None
+
     def close(self, wait=False):
         llm, self.llm = self.llm, None
         if wait and llm is not None:
@@ -278,6 +309,7 @@ class RayEngine(EngineBase):
         from harness.machinery.placement import engine_actor_options, engine_placement_group
 
         self._ray = ray
+        self._draft_tokens = arm.engine.draft_tokens
         self.placement_group = None
         placed = transfer_layout(arm)
         # The actor holds no Ray CPU: vLLM's own processes do the work; a CPU request would
@@ -301,6 +333,9 @@ class RayEngine(EngineBase):
 
     def call(self, method, *args, **kwargs):
         return self._ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+
+    def draft_counts(self):
+        return draft_counts_of(self.call("get_metrics")) if self._draft_tokens else None
 
     def close(self, wait=False):
         try:

@@ -81,7 +81,14 @@ def observe(
     except Exception as exc:
         consumed = ()
         unobserved.append(UnobservedRecord("<kernel-inputs>", "forward", f"{type(exc).__name__}: {exc}"[:300]))
+    drafted_before = engine.draft_counts()
     outputs = decoded(engine.generate(arm.prompts), arm)
+    drafted_after = engine.draft_counts()
+    drafts = (
+        None
+        if drafted_before is None or drafted_after is None
+        else (drafted_after[0] - drafted_before[0], drafted_after[1] - drafted_before[1])
+    )
     graph_reads: tuple[GraphRead, ...] = ()
     if probe_graphs:
         try:
@@ -99,6 +106,7 @@ def observe(
         graph_reads=graph_reads,
         graphs_probed=probe_graphs,
         in_flight=in_flight,
+        drafts=drafts,
     )
 
 

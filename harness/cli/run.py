@@ -116,6 +116,14 @@ def add_parsers(sub) -> None:
         "SKIPPED); with -s: run only the scenario's engine configurations of this mode (default: layerwise "
         "for a plain run, every configuration of a scenario)",
     )
+    run.add_argument(
+        "--draft-tokens",
+        type=positive_int,
+        default=None,
+        help="speculative decoding: every engine drafts this many tokens per step with a draft_model drafter "
+        "loaded from its own checkpoint; the census covers the drafter and each observation counts its "
+        "accepted drafts (path reload_weights_drafter refits it; not with -s)",
+    )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(
         "--arm-timeout",
@@ -256,6 +264,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.reuse_reference = reuse_by_default()
     build_specs = builds_of(args)
     if args.scenario:
+        if args.draft_tokens:
+            raise UsageError("--draft-tokens is for a plain run: a scenario's cells set their own engines")
         return run_scenario(args, fan, build_specs)
     if args.expect and len(build_specs) < 2:
         raise UsageError("--expect needs two --build (base and pr); for two finished runs use 'refit-harness compare'")
@@ -321,6 +331,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             engine_args=engine_args_of(args),
             cpu_isa=cpu_isa_of(args),
             reload_mode=args.reload_mode or RELOAD_MODES[0],
+            draft_tokens=args.draft_tokens or 0,
         ),
         perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
         control=ControlSpec(tensor=args.control_tensor),

@@ -185,6 +185,9 @@ class PathComparison:
     in_flight: tuple[InFlightRequest, ...] = ()
     """Requests that were generating while the refit to B ran (paths that refit under
     ``/pause``), followed to their end."""
+    acceptance: tuple[float, float] | None = None
+    """A speculative-decoding engine's draft acceptance rates, ``(after the refit to B, cold B)``,
+    when both were counted and the two cold starts on B agreed on theirs; None otherwise."""
 
 
 class Digested(Protocol):
@@ -617,7 +620,21 @@ def compare_path(
         notes=notes,
         cache_hits=cache_hits(obs.get("warm_B")),
         in_flight=obs["warm_B"].in_flight if "warm_B" in obs else (),
+        acceptance=acceptance_rates(obs.get("warm_B"), cold_b, noise_obs),
     )
+
+
+def acceptance_rates(
+    warm: Observation | None, cold: Observation | None, noise: Observation | None
+) -> tuple[float, float] | None:
+    """``(warm B's, cold B's)`` draft acceptance rates, where both were counted and a second cold B,
+    if observed, accepted exactly as the first (else the rate is no evidence: None)."""
+    rates = [o.acceptance_rate if o is not None else None for o in (warm, cold)]
+    if rates[0] is None or rates[1] is None:
+        return None
+    if noise is not None and noise.acceptance_rate is not None and noise.acceptance_rate != rates[1]:
+        return None
+    return rates[0], rates[1]
 
 
 def graph_read_outcomes(observations: list[Observation]) -> tuple[GraphReadOutcome, ...]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Literal
 
 from harness.judge.diff import ConsumedDiff, PathComparison, TensorDiff, TensorStatus, TokenDiff, control_targets
-from harness.records import InFlightRequest
+from harness.records import DRAFTER_PREFIX, InFlightRequest
 from harness.spec.known_issues import KnownIssue
+from harness.spec.path_declaration import SabotageEvidence
 from harness.spec.run import JudgePolicy, Mode
 
 
@@ -90,8 +90,8 @@ class SabotageOutcome:
 
     sabotage: str
     """What the twin breaks (the path's ``sabotage``)."""
-    evidence: Literal["tensor", "tokens"]
-    """What must show it: the left-out tensor failing, or greedy tokens diverging."""
+    evidence: SabotageEvidence
+    """What must show it: the left-out tensor failing, greedy tokens diverging, or a drafter tensor failing."""
     planted: str | None
     """Checkpoint tensor the twin left where it was (None for token evidence)."""
     verdict: VerdictStatus
@@ -225,14 +225,16 @@ def judge(
         else []
     )
     flight_fails, flight_notes = in_flight_reasons(c.in_flight)
-    reasons = cache_reasons + flight_fails + reasons + flight_notes
+    draft_fails, draft_notes = drafter_reasons(c)
+    reasons = draft_fails + cache_reasons + flight_fails + reasons + flight_notes
+    notes += draft_notes
 
     notes += c.notes
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
         errors = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
         status, reasons = VerdictStatus.ERROR, errors + reasons
-    elif bad or kernel_bad or token_reasons or cache_reasons or flight_fails:
+    elif bad or kernel_bad or token_reasons or cache_reasons or flight_fails or draft_fails:
         status, reasons = VerdictStatus.FAIL, reasons + control_reasons
     elif control_reasons or evidence_reasons:
         status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + evidence_reasons + reasons
@@ -242,6 +244,23 @@ def judge(
     explaining = _explaining(knowns, c, status, bad, kernel_bad)
     verdict = Verdict(c.path, status, tuple(reasons), first, first_kernel, detected, notes=tuple(notes))
     return _against_known(verdict, knowns, explaining)
+
+
+def drafter_reasons(c: PathComparison) -> tuple[list[str], list[str]]:
+    """``(failing, informational)`` reasons of a speculative-decoding engine. One that accepts
+    drafts at another rate than cold B after the refit is proposing from other weights: its
+    drafter was left behind. Speculative decoding is lossless, so the greedy tokens cannot show
+    it; the acceptance rate does."""
+    if c.acceptance is None:
+        return [], []
+    warm, cold = c.acceptance
+    if warm == cold:
+        return [], [f"drafter: acceptance rate {warm:.2f} after the refit, as cold B's"]
+    identical = all(t.first_divergence is None for t in c.tokens if t.check == "refit")
+    return [
+        f"drafter stale: acceptance rate {warm:.2f} vs cold B's {cold:.2f}; tokens "
+        + ("identical" if identical else "differ too")
+    ], []
 
 
 def in_flight_reasons(requests: tuple[InFlightRequest, ...]) -> tuple[list[str], list[str]]:
@@ -307,7 +326,7 @@ def judge_sabotage(
     twin: PathComparison,
     verdict: Verdict,
     sabotage: str,
-    evidence: Literal["tensor", "tokens"],
+    evidence: SabotageEvidence,
     planted: str | None,
     packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...] = (),
 ) -> SabotageOutcome:
@@ -324,6 +343,9 @@ def judge_sabotage(
             if diverged
             else None
         )
+    elif evidence == "drafter":
+        drafted = [d for d in failing if (d.name or d.tensor).startswith(DRAFTER_PREFIX)]
+        found = f"{drafted[0].tensor} {drafted[0].status.value}" if drafted else None
     else:
         modules = control_targets(planted or "", packed_modules_mapping)
         hits = [d.tensor for d in failing if any((d.name or d.tensor).startswith(m + ".") for m in modules)]

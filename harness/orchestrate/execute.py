@@ -262,7 +262,12 @@ def unavailable_here(spec: RunSpec, classes: dict) -> dict[str, str]:
     if why := configuration_unavailable(spec):
         unavailable = {p: why for p in spec.paths}
     gpus = gpu_count() if cuda_available() else None
-    return first_reasons(unavailable, unavailable_paths(classes, spec.engine.tensor_parallel_size, gpus))
+    drafterless = {
+        p: f"{p} refits a speculative-decoding drafter, and this run's engines have none (run with --draft-tokens N)"
+        for p, cls in classes.items()
+        if cls.needs_drafter and not spec.engine.draft_tokens
+    }
+    return first_reasons(unavailable, drafterless, unavailable_paths(classes, spec.engine.tensor_parallel_size, gpus))
 
 
 def train_targets(

@@ -12,12 +12,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from harness.errors import UsageError
 from harness.registry import Registry
 from harness.settings import EXTRA_PATHS_ENV
 from harness.spec.architectures import named_targets
+from harness.spec.path_declaration import SabotageEvidence
 
 if TYPE_CHECKING:
     from harness.paths.base import ReloadPath
@@ -60,8 +61,10 @@ def contract_violation(name: str, cls: Any) -> str | None:
             "it has no sabotaged twin: override sabotaged_refit() (the refit with its one essential step "
             "skipped or broken) and say what it breaks in `sabotage`"
         )
-    if cls.sabotage_evidence not in ("tensor", "tokens"):
-        return f"sabotage_evidence must be 'tensor' or 'tokens', not {cls.sabotage_evidence!r}"
+    if cls.sabotage_evidence not in get_args(SabotageEvidence):
+        return (
+            f"sabotage_evidence must be one of {', '.join(get_args(SabotageEvidence))}, not {cls.sabotage_evidence!r}"
+        )
     if not isinstance(cls.requirements, EngineRequirements):
         return "its requirements are not an harness.spec.requirements.EngineRequirements"
     if (

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from harness.device import RunsOn, cuda_available
 from harness.records import InFlightRequest, PromptOutput
 from harness.settings import SCRATCH_ENV
 from harness.spec.known_issues import KnownIssue, Refusal, Subject
+from harness.spec.path_declaration import SabotageEvidence
 from harness.spec.requirements import EngineRequirements, EngineRestart, RefitTarget
 from harness.spec.run import PromptSpec
 
@@ -85,11 +86,15 @@ class ReloadPath:
     sabotage_targets: ClassVar[tuple[RefitTarget, ...]] = ("B", "A")
     """Refits of the sabotaged twin: the first is sabotaged; the others are real refits
     that leave the engine as the next segment expects."""
-    sabotage_evidence: ClassVar[Literal["tensor", "tokens"]] = "tensor"
+    sabotage_evidence: ClassVar[SabotageEvidence] = "tensor"
     """How a caught sabotage shows: ``tensor``, the left-out tensor (or its module's kernel)
-    fails; ``tokens``, greedy tokens diverge from cold B (state no tensor census holds)."""
+    fails; ``tokens``, greedy tokens diverge from cold B (state no tensor census holds);
+    ``drafter``, a tensor of the speculative-decoding drafter fails."""
     needs_cache_hits: ClassVar[bool] = False
     """The path is meaningful only if the prefix cache served tokens after its refit."""
+    needs_drafter: ClassVar[bool] = False
+    """The path refits a speculative-decoding drafter: it runs only on an engine with one
+    (``--draft-tokens``), and is SKIPPED elsewhere."""
     trains: ClassVar[bool] = False
     """A live trainer makes its targets: its refits are the trainer's optimizer steps, each
     judged on its own (``harness.paths.trainer_steps``)."""

@@ -33,6 +33,28 @@ class ReloadWeightsFromDirectory(ReloadPath):
 
 
 @reload_path
+class ReloadWeightsWithDrafter(ReloadWeightsFromDirectory):
+    # Worker.reload_weights reloads get_model(), the target, only (measured on 0.32,
+    # docs/findings/drafter_stale_after_reload_weights.md): an RL integration with a drafter
+    # must run the lifecycle on the drafter's model itself.
+    name = "reload_weights_drafter"
+    exercises = (
+        "reload_weights(weights_path=DIR) on the target, then vLLM's layerwise reload lifecycle on the "
+        "speculative-decoding drafter's own model (model_runner.drafter.model) from the same checkpoint"
+    )
+    needs_drafter = True
+    sabotage = "the drafter's reload skipped: reload_weights alone, which reaches the target only"
+    sabotage_evidence = "drafter"
+
+    def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
+        super().refit(engine, checkpoint_dir, target)
+        engine.rpc("refit_harness_reload_drafter", {"weights_path": checkpoint_dir})
+
+    def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> None:
+        super().refit(engine, self.checkpoints.directory(target), target)
+
+
+@reload_path
 class ReloadWeightsFromIterator(ReloadPath):
     name = "reload_weights_iterator"
     exercises = (

@@ -13,6 +13,11 @@ from typing import Literal, Protocol, runtime_checkable
 
 from harness.spec.known_issues import KnownIssue, Refusal, Subject
 
+SabotageEvidence = Literal["tensor", "tokens", "drafter"]
+"""How a caught sabotage shows: ``tensor``, the left-out tensor (or its module's kernel) fails;
+``tokens``, greedy tokens diverge from cold B; ``drafter``, a tensor of the speculative-decoding
+drafter fails (``records.DRAFTER_PREFIX``), while the target's do not."""
+
 
 @runtime_checkable
 class PathDeclaration(Protocol):
@@ -25,8 +30,8 @@ class PathDeclaration(Protocol):
     """Errors by which vLLM declines this refit by design on a device (SKIPPED with vLLM's words)."""
     sabotage: str
     """What the path's sabotaged twin breaks."""
-    sabotage_evidence: Literal["tensor", "tokens"]
-    """How a caught sabotage shows: a failing tensor, or diverging greedy tokens."""
+    sabotage_evidence: SabotageEvidence
+    """How a caught sabotage shows: a failing tensor, diverging greedy tokens, a failing drafter tensor."""
     needs_cache_hits: bool
     """The path is meaningful only if the prefix cache served tokens after its refit."""
 

@@ -55,6 +55,11 @@ class EngineSpec:
     """vLLM's reload mode for every arm (``--reload-mode``; set as ``VLLM_RELOAD_MODE`` in every
     vLLM process the arm starts). Part of every arm's plan, so of the arm and reference keys, and
     a scope of known issues."""
+    draft_tokens: int = 0
+    """Speculative decoding with a drafter (``--draft-tokens``): every arm's engine proposes this
+    many tokens per step with a ``draft_model`` drafter loaded from the arm's own checkpoint (the
+    target drafts for itself, so a cold engine accepts every draft), and the census and the
+    observations cover the drafter. 0: no drafter."""
     engine_args: EngineArgs = ()
     """Further vLLM engine arguments every arm is built with (``--engine-arg``, ``--engine-config``,
     a scenario's engine configuration), as sorted ``(EngineArgs field, JSON value)`` pairs.

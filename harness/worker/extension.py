@@ -7,7 +7,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
-from harness.records import HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
+from harness.records import DRAFTER_PREFIX, HookRecord, RankCensus, RankRecording, TensorRecord, UnobservedRecord
 from harness.store import to_jsonable
 from harness.worker import vllm_compat
 from harness.worker.census import (
@@ -139,6 +139,7 @@ class RefitObserver:
             entries = []
             unobserved.append(UnobservedRecord("<module-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
         entries += probe_linear_kernels(model, unobserved)
+        entries += self._refit_harness_drafter_entries(unobserved)
         for seen in observe_entries(entries, rank, algorithm):
             (unobserved if isinstance(seen, UnobservedRecord) else records).append(seen)
         try:
@@ -160,6 +161,41 @@ class RefitObserver:
             quant_kernels=quant_kernels(model),
         )
         return to_jsonable(census)
+
+    def _refit_harness_drafter_entries(self, unobserved: list[UnobservedRecord]) -> list:
+        """A speculative-decoding drafter's tensors and linear-kernel probes, named under
+        ``DRAFTER_PREFIX``: ``reload_weights`` reaches the target only (``get_model()``), so a
+        drafter a refit leaves behind must be in the census to be judged."""
+        from harness.worker.vllm_private import drafter_model
+
+        drafter = drafter_model(self)
+        if drafter is None:
+            return []
+        try:
+            entries = walk_model(drafter) + probe_linear_kernels(drafter, unobserved)
+        except Exception as exc:
+            unobserved.append(UnobservedRecord("<drafter-walk>", "attribute", f"{type(exc).__name__}: {exc}"[:300]))
+            return []
+        return [replace(e, name=DRAFTER_PREFIX + e.name) for e in entries]
+
+    def refit_harness_reload_drafter(self, weights_path: str) -> None:
+        """vLLM's reload lifecycle (``reload_weights`` from a directory) on the drafter's own model,
+        as an RL integration that refits a drafter must: ``Worker.reload_weights`` stops at the
+        target."""
+        import torch
+
+        from harness import safetensors_files
+        from harness.worker.vllm_private import drafter_model
+
+        drafter = drafter_model(self)
+        if drafter is None:
+            raise ValueError("this engine has no drafter with weights of its own (run with --draft-tokens)")
+        speculative = self.vllm_config.speculative_config
+        config = getattr(speculative, "draft_model_config", None) or self.vllm_config.model_config
+        with torch.no_grad():
+            vllm_compat.start_reload(drafter)
+            drafter.load_weights(safetensors_files.tensors(safetensors_files.files(weights_path)))
+            vllm_compat.finish_reload(drafter, config, self.device)
 
     # ---- kernel-input recorder -------------------------------------------------------
 

@@ -102,3 +102,13 @@ def lora_step_tensors(model: Any) -> list[Any]:
             elif isinstance(value, (list, tuple)):
                 out += [v for v in value if isinstance(v, torch.Tensor)]
     return out
+
+
+def drafter_model(worker: Any) -> Any:
+    """The speculative-decoding drafter's own model (an ``nn.Module``), or None without one.
+
+    Private: ``model_runner.drafter.model``. Why: ``Worker.get_model()`` returns the target only,
+    and nothing public reaches a drafter that keeps weights of its own (``draft_model``, EAGLE,
+    MTP); an n-gram drafter has none (no ``model``)."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    return getattr(drafter, "model", None)

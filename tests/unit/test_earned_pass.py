@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import get_args
 
 import pytest
 
@@ -16,6 +17,7 @@ from harness.paths.base import ReloadPath
 from harness.plan import PathNeeds, make_plan
 from harness.records import ConsumedTensor
 from harness.spec.checkpoint_set import CheckpointSet
+from harness.spec.path_declaration import SabotageEvidence
 from harness.spec.run import JudgePolicy, RunSpec
 from tests.records import CONTROL, EXPECTED, QWEN_PACKED, A, B, arm, obs, output, segment, subject, tensor
 
@@ -215,7 +217,7 @@ def test_every_path_declares_a_sabotage_with_evidence():
     for name in PATHS.names():
         cls = PATHS.get(name)
         assert cls.sabotaged_refit is not ReloadPath.sabotaged_refit, name  # the base only raises
-        assert cls.sabotage and cls.sabotage_evidence in ("tensor", "tokens"), name
+        assert cls.sabotage and cls.sabotage_evidence in get_args(SabotageEvidence), name
         assert cls.sabotage_targets[0] == "B", name  # only B has a sabotaged checkpoint
     assert PATHS.get("prefix_cache").sabotage_evidence == "tokens" and PATHS.get("prefix_cache").needs_cache_hits
 

@@ -476,3 +476,6 @@ class FakeEngine:
 
     def call(self, method, *args, **kwargs):
         return None
+
+    def draft_counts(self):
+        return None
