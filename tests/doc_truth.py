@@ -37,6 +37,7 @@ FOREIGN_FLAGS = {
     "--worker-extension-cls": "vllm serve",
     "--no-amx": "repro/*.py",
     "--as-avx2": "repro/*.py",
+    "--refit-drafter": "repro/*.py",
     "--bf16-checkpoint": "repro/*.py",
 }
 # A dotted name that is a file, not a module (the traceback log).

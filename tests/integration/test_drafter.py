@@ -1,0 +1,59 @@
+"""Speculative decoding on real vLLM (CPU build): every engine of the run drafts 2 tokens a step
+with a ``draft_model`` drafter loaded from its own checkpoint (``--draft-tokens 2``).
+
+- ``reload_weights`` refits the target only (vLLM 0.32: ``Worker.reload_weights`` reaches
+  ``get_model()``): it must FAIL with "drafter stale", the tokens identical to cold B's, and the
+  drafter's tensors STALE in the census.
+- ``reload_weights_drafter`` also runs the reload lifecycle on the drafter's model: it must PASS,
+  with its twin (the drafter's reload skipped) caught by a drafter tensor.
+
+One run, three engines (the embedded tiny Qwen3, float32, eager).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.judge.evaluate import evaluate
+from harness.paths import PATHS
+from harness.records import DRAFTER_PREFIX
+
+pytestmark = [pytest.mark.cpu]
+
+
+@pytest.fixture(scope="module")
+def drafted(run_oracle):
+    return run_oracle("drafter", "--draft-tokens", "2", "--paths", "reload_weights,reload_weights_drafter")
+
+
+def test_reload_weights_leaves_the_drafter_behind_with_identical_tokens(drafted):
+    path = drafted.summary["paths"]["reload_weights"]
+    assert drafted.exit_code == 1 and path["verdict"] == "FAIL", (path, drafted.output[-3000:])
+    assert path["reasons"][0].startswith("drafter stale: acceptance rate "), path["reasons"]
+    assert path["reasons"][0].endswith("vs cold B's 1.00; tokens identical"), path["reasons"]
+    assert path["first_divergent_tensor"].startswith(DRAFTER_PREFIX), path
+    tensors = drafted.csv("tensors.csv")
+    refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "reload_weights")]
+    target = refit[~refit["tensor"].str.startswith(DRAFTER_PREFIX)]
+    assert "STALE" in set(refit[refit["tensor"].str.startswith(DRAFTER_PREFIX)]["status"])
+    assert not {"STALE", "CORRUPT", "MISSING"} & set(target["status"]), target[target["status"] != "OK"].to_string()
+
+
+def test_a_refit_that_reaches_the_drafter_passes_and_its_twin_is_caught(drafted):
+    path = drafted.summary["paths"]["reload_weights_drafter"]
+    assert path["verdict"] == "PASS", path["reasons"]
+    sabotage = path["sabotage"]
+    assert sabotage["evidence"] == "drafter" and sabotage["caught"], sabotage
+    assert sabotage["detail"].startswith(f"caught: {DRAFTER_PREFIX}"), sabotage
+    tensors = drafted.csv("tensors.csv")
+    refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "reload_weights_drafter")]
+    drafter = refit[refit["tensor"].str.startswith(DRAFTER_PREFIX + "model.layers.0.")]
+    assert len(drafter) and "OK" in set(drafter["status"]), drafter.to_string()  # the census judged the drafter
+
+
+def test_every_observation_counts_the_drafts_and_a_cold_engine_accepts_them_all(drafted):
+    arms = evaluate(drafted.out, PATHS.get).arms
+    observations = [o for a in arms for o in a.observations]
+    assert observations and all(o.drafts is not None and o.drafts[1] > 0 for o in observations)
+    cold = [o for a in arms for o in a.observations if o.label.stage.startswith("cold_")]
+    assert cold and all(o.acceptance_rate == 1.0 for o in cold), [o.drafts for o in cold]
