@@ -122,6 +122,12 @@ class InFlightRequest:
     fresh_max_logprob_diff: float
     """Largest |logprob difference| of the chosen tokens against that fresh request, up to the
     first divergence (0.0: the resumed request computed exactly what the new weights compute)."""
+    pause_mode: str = "keep"
+    """How ``/pause`` treated it: ``keep``, frozen across the refit and resumed after it;
+    ``wait``, a gated refit (``/pause?mode=wait``): drained to its end before the refit, or sent
+    while paused and run after the resume, so it must be entirely A's or entirely B's."""
+    rank: int | None = None
+    """The data-parallel rank it was pinned to (``X-data-parallel-rank``); None: not pinned."""
 
 
 @dataclass(frozen=True)

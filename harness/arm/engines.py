@@ -31,6 +31,7 @@ from harness.plan import ArmPlan
 from harness.records import PromptOutput
 from harness.settings import SCRATCH_ENV
 from harness.spec.checkpoint_set import lora_max_rank
+from harness.spec.requirements import DATA_PARALLEL_RANK_HEADER, data_parallel_rank
 from harness.spec.run import PromptSpec
 from harness.spec.transfer import RAY_NAMESPACE, TransferLayout, layout
 
@@ -598,11 +599,10 @@ class HTTPEngine(EngineBase):
 
 
 def data_parallel_rank_header(prompt: int, data_parallel_size: int) -> dict[str, str]:
-    """The header that pins prompt ``prompt``'s request to data-parallel rank ``prompt mod
-    size`` (none without data parallelism), so every rank serves some observed prompts."""
-    if data_parallel_size <= 1:
-        return {}
-    return {"X-data-parallel-rank": str(prompt % data_parallel_size)}
+    """The header that pins prompt ``prompt``'s request to its data-parallel rank
+    (``data_parallel_rank``); none without data parallelism."""
+    rank = data_parallel_rank(prompt, data_parallel_size)
+    return {} if rank is None else {DATA_PARALLEL_RANK_HEADER: str(rank)}
 
 
 def serve_command(model: str) -> list[str]:

@@ -185,6 +185,10 @@ class PathComparison:
     in_flight: tuple[InFlightRequest, ...] = ()
     """Requests that were generating while the refit to B ran (paths that refit under
     ``/pause``), followed to their end."""
+    in_flight_sources: tuple[str, ...] = ()
+    """For each request of ``in_flight`` drained or queued by a gated refit (``pause_mode`` ``wait``),
+    in order, whose greedy tokens it made: ``A`` (the subject's cold start), ``B`` (cold B), ``A=B``
+    (the two agree on that prompt), or ``neither`` (it mixed weights, or is not whole)."""
     acceptance: tuple[float, float] | None = None
     """A speculative-decoding engine's draft acceptance rates, ``(after the refit to B, cold B)``,
     when both were counted and the two cold starts on B agreed on theirs; None otherwise."""
@@ -620,8 +624,32 @@ def compare_path(
         notes=notes,
         cache_hits=cache_hits(obs.get("warm_B")),
         in_flight=obs["warm_B"].in_flight if "warm_B" in obs else (),
+        in_flight_sources=gated_sources(
+            obs["warm_B"].in_flight if "warm_B" in obs else (),
+            next((o for o in subject.observations if o.label.stage == "cold_A"), None),
+            cold_b,
+        ),
         acceptance=acceptance_rates(obs.get("warm_B"), cold_b, noise_obs),
     )
+
+
+def gated_sources(
+    requests: tuple[InFlightRequest, ...], cold_a: Observation | None, cold_b: Observation | None
+) -> tuple[str, ...]:
+    """Whose greedy tokens each request of a gated refit made (``PathComparison.in_flight_sources``):
+    its whole output against the cold starts' outputs for its prompt."""
+    made = {
+        side: {o.prompt: o.token_ids for o in observation.outputs} if observation else {}
+        for side, observation in (("A", cold_a), ("B", cold_b))
+    }
+    sources = []
+    for r in requests:
+        if r.pause_mode != "wait":
+            continue
+        whole = r.tokens_before_pause + r.tokens_after_resume
+        found = [side for side in ("A", "B") if made[side].get(r.prompt) == whole]
+        sources.append("=".join(found) or "neither")
+    return tuple(sources)
 
 
 def acceptance_rates(

@@ -224,7 +224,7 @@ def judge(
         if require_cache_hits and not c.cache_hits
         else []
     )
-    flight_fails, flight_notes = in_flight_reasons(c.in_flight)
+    flight_fails, flight_notes = in_flight_reasons(c.in_flight, c.in_flight_sources)
     draft_fails, draft_notes = drafter_reasons(c)
     reasons = draft_fails + cache_reasons + flight_fails + reasons + flight_notes
     notes += draft_notes
@@ -263,13 +263,31 @@ def drafter_reasons(c: PathComparison) -> tuple[list[str], list[str]]:
     ], []
 
 
-def in_flight_reasons(requests: tuple[InFlightRequest, ...]) -> tuple[list[str], list[str]]:
+def in_flight_reasons(
+    requests: tuple[InFlightRequest, ...], sources: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]]:
     """``(failing, informational)`` reasons for the requests that were in flight across a paused
-    refit. They must end without an error, having run to their token budget, and ``keep`` must
-    have frozen them (no token while paused). Whether the tokens they made after ``/resume``
-    match what the new weights compute from scratch is shown, not judged: vLLM's own choice
-    (with ``clear_cache`` left at its default, a keep-pause preempts them and they recompute)."""
+    refit. They must end without an error, having run to their token budget, and the pause must
+    have frozen them (no token while paused). Under ``keep``, whether the tokens they made after
+    ``/resume`` match what the new weights compute from scratch is shown, not judged: vLLM's own
+    choice (with ``clear_cache`` left at its default, a keep-pause preempts them and they
+    recompute). Under a gated refit (``wait``) each must be wholly cold A's or cold B's output
+    (``sources``, from ``gated_sources``): one that is neither mixed the weights."""
     failing, notes = [], []
+    gated = [r for r in requests if r.pause_mode == "wait"]
+    for r, source in zip(gated, sources):
+        if source == "neither" and not r.error:
+            where = f" on data-parallel rank {r.rank}" if r.rank is not None else ""
+            failing.append(
+                f"request {r.prompt}{where}, gated by the refit, made neither cold A's nor cold B's greedy tokens: "
+                "it mixed the two weights"
+            )
+    if gated and len(sources) == len(gated):
+        counts = {side: sources.count(side) for side in ("A", "B", "A=B", "neither")}
+        notes.append(
+            f"gated refit (/pause?mode=wait): {len(gated)} requests, {counts['A']} made cold A's tokens, "
+            f"{counts['B']} cold B's, {counts['A=B']} tokens both make, {counts['neither']} neither"
+        )
     for r in requests:
         if r.error:
             failing.append(f"in-flight request {r.prompt} failed across the paused refit: {r.error}")

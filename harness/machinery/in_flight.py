@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.records import InFlightRequest
+from harness.spec.requirements import DATA_PARALLEL_RANK_HEADER
 
 STREAM_START_TIMEOUT_S = 120.0
 """How long the first token of every in-flight request may take."""
@@ -26,6 +27,7 @@ STREAM_START_TIMEOUT_S = 120.0
 class _Stream:
     prompt: int
     ids: tuple[int, ...]
+    rank: int | None = None
     chunks: list[tuple[float, tuple[int, ...], tuple[float, ...]]] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
@@ -39,23 +41,37 @@ class InFlight:
     ``connect`` opens an HTTP connection to the server (``http.client`` style, over its Unix
     socket); ``model`` is the served model's name; ``max_tokens`` is each request's budget,
     with ``ignore_eos`` so that it cannot end early and leave the refit with nothing in flight.
+    ``ranks``: with a data-parallel server, the rank each prompt's request is pinned to
+    (``X-data-parallel-rank``); ``pause_mode``: how the caller's ``/pause`` treats them (recorded).
     """
 
-    def __init__(self, connect, model: str, prompts: tuple[tuple[int, ...], ...], max_tokens: int) -> None:
+    def __init__(
+        self,
+        connect,
+        model: str,
+        prompts: tuple[tuple[int, ...], ...],
+        max_tokens: int,
+        ranks: tuple[int, ...] | None = None,
+        pause_mode: str = "keep",
+    ) -> None:
         self._connect = connect
         self._model = model
         self.max_tokens = max_tokens
-        self.streams = [_Stream(i, tuple(ids)) for i, ids in enumerate(prompts)]
+        self.pause_mode = pause_mode
+        self.streams = [_Stream(i, tuple(ids), ranks[i] if ranks else None) for i, ids in enumerate(prompts)]
         self.paused_at: float | None = None
         self.resumed_at: float | None = None
         self.finished_before_pause = 0
         """Requests that had already run to their end, without an error, when the pause answered:
         a refit that proves nothing about them (one that failed is an observation, recorded)."""
 
-    def start(self) -> None:
-        """Start every request and return once each has streamed its first token (or ended)."""
+    def start(self, wait_for_first_token: bool = True) -> None:
+        """Start every request and return once each has streamed its first token (or ended);
+        without ``wait_for_first_token``, at once (requests sent to a paused server wait in its queue)."""
         for s in self.streams:
             threading.Thread(target=self._read, args=(s,), name=f"in-flight-{s.prompt}", daemon=True).start()
+        if not wait_for_first_token:
+            return
         deadline = time.monotonic() + STREAM_START_TIMEOUT_S
         for s in self.streams:
             if not s.first_token.wait(max(0.0, deadline - time.monotonic())):
@@ -107,6 +123,8 @@ class InFlight:
                     error=s.error,
                     fresh_divergence=divergence,
                     fresh_max_logprob_diff=round(float(worst), 9),
+                    pause_mode=self.pause_mode,
+                    rank=s.rank,
                 )
             )
         return tuple(out)
@@ -127,9 +145,10 @@ class InFlight:
     def _read(self, s: _Stream) -> None:
         conn = self._connect()
         try:
-            conn.request(
-                "POST", "/v1/completions", body=json.dumps(self._body(s)), headers={"Content-Type": "application/json"}
-            )
+            headers = {"Content-Type": "application/json"}
+            if s.rank is not None:
+                headers[DATA_PARALLEL_RANK_HEADER] = str(s.rank)
+            conn.request("POST", "/v1/completions", body=json.dumps(self._body(s)), headers=headers)
             resp = conn.getresponse()
             if resp.status != 200:
                 s.error = f"HTTP {resp.status}: {resp.read()[:300]!r}"

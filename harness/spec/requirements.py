@@ -21,6 +21,16 @@ LoRARole = Literal["adapter", "base"]
 """What a LoRA engine's checkpoints A, B, B' are (see ``EngineRequirements.lora``)."""
 
 
+DATA_PARALLEL_RANK_HEADER = "X-data-parallel-rank"
+"""The request header by which ``vllm serve`` pins a request to one data-parallel rank."""
+
+
+def data_parallel_rank(prompt: int, data_parallel_size: int) -> int | None:
+    """The rank prompt ``prompt``'s requests are pinned to: round-robin, so every rank serves
+    some observed prompts; None without data parallelism."""
+    return prompt % data_parallel_size if data_parallel_size > 1 else None
+
+
 @dataclass(frozen=True)
 class EngineRequirements:
     """How the subject engine of a path must be built. Paths with equal requirements

@@ -159,6 +159,24 @@ def test_http_weight_transfer_refits_with_requests_in_flight_that_finish_and_mat
     assert any("4 generating across the paused refit" in line and "all 4 match B" in line for line in reasons)
 
 
+def test_the_data_parallel_refit_is_gated_and_no_request_mixed_a_and_b(stock):
+    """Requests pinned to both ranks drain before /pause?mode=wait answers (cold A's tokens, whole)
+    and requests sent while paused run after /resume (cold B's): none mixed the weights."""
+    from harness import store
+    from harness.records import ArmResult
+
+    result = store.load(ArmResult, stock.out / "arms" / "subject-http_dp_reload.result.json", "arm_result")
+    warm = next(o for o in result.observations if str(o.label) == "http_dp_reload/warm_B")
+    assert len(warm.in_flight) == 8 and {r.rank for r in warm.in_flight} == {0, 1}, warm.in_flight
+    drained, queued = warm.in_flight[:4], warm.in_flight[4:]
+    assert all(r.tokens_before_pause and not r.tokens_after_resume for r in drained), drained
+    assert all(not r.tokens_before_pause and r.tokens_after_resume for r in queued), queued
+    assert all(r.tokens_while_paused == 0 and r.finish_reason == "length" for r in warm.in_flight)
+    reasons = stock.summary["paths"]["http_dp_reload"]["reasons"]
+    assert any(line.startswith("gated refit (/pause?mode=wait): 8 requests") for line in reasons), reasons
+    assert any(line.endswith(", 0 neither") for line in reasons), reasons
+
+
 def test_trainer_steps_are_judged_per_step_against_each_steps_cold_start(stock):
     arms = {a["arm"]: a["status"] for a in stock.summary["arms"]}
     assert {arms.get(f"reference-T{k}") for k in (1, 2, 3)} == {"ok"}, arms

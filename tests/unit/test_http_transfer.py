@@ -11,7 +11,7 @@ from harness.judge.verdict import VerdictStatus, in_flight_reasons, judge
 from harness.machinery.in_flight import InFlight
 from harness.records import InFlightRequest
 from harness.spec.run import JudgePolicy
-from tests.records import EXPECTED, B, arm, obs, subject
+from tests.records import EXPECTED, B, arm, obs, output, subject
 
 OK = InFlightRequest(
     prompt=0,
@@ -25,8 +25,10 @@ OK = InFlightRequest(
 )
 
 
-def _verdict(in_flight):
-    subj = subject()
+def _compared(in_flight, made_b=None):
+    """The path ``p`` with ``in_flight`` recorded after its refit to B; ``made_b``: cold B's and the
+    refit's greedy outputs (default: the cold-A tokens ``tests.records.obs`` gives every side)."""
+    subj = subject(outputs_b=made_b)
     observations = tuple(
         replace(o, in_flight=in_flight) if o.label.stage == "warm_B" and o.label.path == "p" else o
         for o in subj.observations
@@ -34,14 +36,18 @@ def _verdict(in_flight):
     c = compare_path(
         "p",
         replace(subj, observations=observations),
-        arm("reference", "reference", obs("cold_B", B)),
-        arm("noise", "noise", obs("cold_B", B)),
+        arm("reference", "reference", obs("cold_B", B, made_b)),
+        arm("noise", "noise", obs("cold_B", B, made_b)),
         "q_proj.weight",
         1e-4,
         EXPECTED,
     )
     assert c.in_flight == in_flight
-    return judge(c, JudgePolicy(), False)
+    return c
+
+
+def _verdict(in_flight):
+    return judge(_compared(in_flight), JudgePolicy(), False)
 
 
 def test_requests_that_run_through_the_paused_refit_pass_and_say_they_match_b():
@@ -67,6 +73,34 @@ def test_resumed_tokens_that_differ_from_b_are_shown_not_failed():
     failing, notes = in_flight_reasons((replace(OK, fresh_divergence=4, fresh_max_logprob_diff=0.02),))
     assert failing == [] and "1 diverge from B on the same prefix" in notes[0] and "at token 4" in notes[0]
     assert in_flight_reasons(()) == ([], [])
+
+
+# ---- a gated refit (http_dp_reload): /pause?mode=wait drains requests and queues new ones ----
+
+A_TOKENS, B_TOKENS = (1, 2, 3), (4, 5, 6)
+DRAINED = replace(OK, tokens_before_pause=A_TOKENS, tokens_after_resume=(), pause_mode="wait", rank=0)
+QUEUED = replace(OK, tokens_before_pause=(), tokens_after_resume=B_TOKENS, pause_mode="wait", rank=1)
+
+
+def _gated_verdict(in_flight):
+    c = _compared(in_flight, made_b=[output(0, B_TOKENS)])  # cold A made A_TOKENS (``tests.records.obs``)
+    return c, judge(c, JudgePolicy(), False)
+
+
+def test_a_gated_refit_passes_when_every_request_is_wholly_a_or_wholly_b():
+    c, v = _gated_verdict((DRAINED, QUEUED, OK))  # a keep-mode request is not a gated one
+    assert c.in_flight_sources == ("A", "B") and v.status is VerdictStatus.PASS, v.reasons
+    assert "gated refit (/pause?mode=wait): 2 requests, 1 made cold A's tokens, 1 cold B's" in v.reasons[0]
+
+
+def test_a_request_that_mixed_the_weights_fails_the_gated_refit_naming_its_rank():
+    mixed = replace(QUEUED, tokens_before_pause=A_TOKENS[:2], tokens_after_resume=B_TOKENS[2:])
+    c, v = _gated_verdict((DRAINED, mixed))
+    assert c.in_flight_sources == ("A", "neither") and v.status is VerdictStatus.FAIL
+    assert (
+        "request 0 on data-parallel rank 1, gated by the refit, made neither cold A's nor cold B's greedy tokens: "
+        "it mixed the two weights"
+    ) in v.reasons
 
 
 class _Conn:
