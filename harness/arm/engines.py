@@ -244,6 +244,7 @@ class LocalEngine(EngineBase):
         from vllm import LLM
 
         self.llm = LLM(**_llm_kwargs(arm, overrides))
+        self._draft_tokens = arm.engine.draft_tokens  # its statistics count the drafts (``_llm_kwargs``)
         check_granted(arm, self.llm.llm_engine.vllm_config)
         self.adapter = None  # the LoRARequest every request carries, on a LoRA engine
         if arm.requirements.lora:
@@ -272,7 +273,7 @@ class LocalEngine(EngineBase):
         return getattr(self.llm, method)(*args, **kwargs)
 
     def draft_counts(self):
-        return draft_counts_of(self.llm.get_metrics()) if self.llm.llm_engine.log_stats else None
+        return draft_counts_of(self.llm.get_metrics()) if self._draft_tokens else None
 
     def close(self, wait=False):
         llm, self.llm = self.llm, None

@@ -51,7 +51,7 @@ class InFlight:
         model: str,
         prompts: tuple[tuple[int, ...], ...],
         max_tokens: int,
-        ranks: tuple[int, ...] | None = None,
+        ranks: tuple[int | None, ...] | None = None,
         pause_mode: str = "keep",
     ) -> None:
         self._connect = connect

@@ -87,16 +87,14 @@ class HTTPDataParallelReload(HTTPReload):
         from harness.machinery.in_flight import InFlight
 
         server: Any = engine  # an HTTPEngine: the path's requirements ask for ``vllm serve``
-        prompts = self.prompts.token_ids if self.prompts and self.prompts.token_ids else ()
-        if not prompts or self.prompts is None:
+        spec = self.prompts
+        if spec is None or not spec.token_ids:
             raise ValueError(f"{self.name} needs the run's token-id prompts for its streaming requests")
-        ranks = tuple(data_parallel_rank(i, DATA_PARALLEL_RANKS) or 0 for i in range(len(prompts)))
+        prompts = spec.token_ids
+        ranks = tuple(data_parallel_rank(i, DATA_PARALLEL_RANKS) for i in range(len(prompts)))
 
         def wave() -> InFlight:
-            assert self.prompts is not None
-            return InFlight(
-                server.connection, server.model_name(), prompts, self.prompts.max_tokens, ranks, pause_mode="wait"
-            )
+            return InFlight(server.connection, server.model_name(), prompts, spec.max_tokens, ranks, pause_mode="wait")
 
         drained, queued = wave(), wave()
         server.rpc("refit_harness_pace", {"seconds_per_step": IN_FLIGHT_STEP_S})
