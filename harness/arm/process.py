@@ -501,6 +501,10 @@ _UNSUPPORTED = re.compile(
 # built only into its AVX-512 extensions (measured on ``_C_AVX2``, at the first forward of a GPTQ or
 # AWQ engine: "'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'").
 _MISSING_OP = re.compile(r"'_C' object has no attribute '\w+'")
+# An assertion by which vLLM's set-up states a configuration it cannot run (measured: a draft-model
+# drafter of a model with sliding-window and full attention layers, in spec_decode's proposer:
+# "All drafting layers should belong to the same kv cache group"). Any other assertion is a bug.
+_DECLINING_ASSERTION = re.compile(r"should belong to the same kv cache group")
 
 
 def refused_by_vllm(exc: BaseException) -> bool:
@@ -511,7 +515,8 @@ def refused_by_vllm(exc: BaseException) -> bool:
     layer" and a CPU-build op stub ("_C::static_scaled_fp8_quant() expected at most 0
     argument(s)", raised from vLLM's ``_custom_ops``). Without AVX-512, "FP8 KV cache on CPU
     requires x86 with AVX-512 or AMX.", and an AttributeError for an op missing from the loaded
-    CPU extension ("'_C' object has no attribute 'cpu_gemm_wna16'").
+    CPU extension ("'_C' object has no attribute 'cpu_gemm_wna16'"), and a drafter vLLM cannot
+    set up ("All drafting layers should belong to the same kv cache group", an AssertionError).
     So: an exception that says the configuration is not supported, or that the loaded kernel
     library lacks an op, raised where the deepest frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
     fixture model) stays an error. With ``--engine-core-process`` the client only sees
@@ -520,6 +525,9 @@ def refused_by_vllm(exc: BaseException) -> bool:
         return True
     if isinstance(exc, AttributeError):
         if not _MISSING_OP.search(str(exc)):
+            return False
+    elif isinstance(exc, AssertionError):
+        if not _DECLINING_ASSERTION.search(str(exc)):
             return False
     elif not isinstance(exc, (ValueError, NotImplementedError, RuntimeError)) or not _UNSUPPORTED.search(str(exc)):
         return False

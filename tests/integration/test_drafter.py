@@ -57,3 +57,19 @@ def test_every_observation_counts_the_drafts_and_a_cold_engine_accepts_them_all(
     assert observations and all(o.drafts is not None and o.drafts[1] > 0 for o in observations)
     cold = [o for a in arms for o in a.observations if o.label.stage.startswith("cold_")]
     assert cold and all(o.acceptance_rate == 1.0 for o in cold), [o.drafts for o in cold]
+
+
+@pytest.fixture(scope="module")
+def drafted_sliding(run_oracle):
+    from harness.checkpoints.zoo import tiny_model
+
+    model = str(tiny_model("gemma3"))
+    return run_oracle("drafter-sliding", "--model", model, "--dtype", "bfloat16", "--draft-tokens", "2")
+
+
+def test_a_drafter_of_a_model_with_sliding_and_full_layers_is_skipped_in_vllms_words(drafted_sliding):
+    """vLLM's draft-model proposer needs every drafting layer in one KV-cache group; Gemma 3's
+    sliding-window and full layers are two (a refusal at start-up, not a harness ERROR)."""
+    path = drafted_sliding.summary["paths"]["reload_weights"]
+    assert drafted_sliding.exit_code == 0 and path["verdict"] == "SKIPPED", (path, drafted_sliding.output[-3000:])
+    assert any("should belong to the same kv cache group" in r for r in path["reasons"]), path["reasons"]

@@ -106,3 +106,24 @@ def test_draft_tokens_with_a_scenario_is_one_line_and_exit_2(tmp_path):
     proc = cli("run", "-s", "zoo", "--draft-tokens", "2", "--out", str(tmp_path / "out"), timeout=120)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("refit-harness: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "--draft-tokens" in errors[0], proc.stderr
+
+
+def test_a_drafter_vllm_cannot_set_up_is_a_refusal_and_other_assertions_stay_errors():
+    """vLLM asserts that every drafting layer shares one KV-cache group; a model with sliding-window
+    and full layers fails that assertion at start-up (measured: gemma3, granite-swa). Raised where
+    vLLM raises it, it is vLLM declining; another assertion, or the same words elsewhere, is not."""
+    import vllm.v1.spec_decode.llm_base_proposer as proposer
+
+    from harness.arm.process import refused_by_vllm
+
+    def raised_in_vllm(message: str) -> AssertionError:
+        try:
+            exec(compile(f"assert False, {message!r}", proposer.__file__, "exec"), {})
+        except AssertionError as exc:
+            return exc
+        raise RuntimeError("the assertion did not raise")
+
+    words = "All drafting layers should belong to the same kv cache group"
+    assert refused_by_vllm(raised_in_vllm(words))
+    assert not refused_by_vllm(raised_in_vllm("shapes differ"))
+    assert not refused_by_vllm(AssertionError(words))  # no vLLM frame raised it
