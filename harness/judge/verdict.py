@@ -286,7 +286,7 @@ def in_flight_reasons(
         counts = {side: sources.count(side) for side in ("A", "B", "A=B", "neither")}
         notes.append(
             f"gated refit (/pause?mode=wait): {len(gated)} requests, {counts['A']} made cold A's tokens, "
-            f"{counts['B']} cold B's, {counts['A=B']} tokens on which A and B agree, {counts['neither']} neither"
+            f"{counts['B']} cold B's, {counts['A=B']} on which A and B agree, {counts['neither']} neither"
         )
     for r in requests:
         if r.error:
