@@ -99,6 +99,17 @@ class PromptOutput:
 
 
 @dataclass(frozen=True)
+class EncoderCacheEntry:
+    """One image's embeddings in the engine's encoder cache (vLLM keeps each encoder output,
+    keyed by the image's content hash, and serves it to any later request with that image)."""
+
+    mm_hash: str
+    """vLLM's hash of the image."""
+    digest: str
+    """Digest of the cached embeddings (the census's algorithm)."""
+
+
+@dataclass(frozen=True)
 class InFlightRequest:
     """A streaming request that was generating when a refit paused the engine
     (``/pause?mode=keep`` ... ``/resume``), followed to its end."""
@@ -258,6 +269,13 @@ class Observation:
     """``(accepted, proposed)`` draft tokens of a speculative-decoding engine over the greedy
     requests of this observation (vLLM's ``spec_decode`` counters); None: no drafter, or an
     engine that does not report them."""
+
+    encoder_cache: tuple[EncoderCacheEntry, ...] | None = None
+    """The engine's encoder cache after this observation's greedy requests (rank 0); None: a
+    model that takes no images, or an engine without one."""
+    encoder_cache_kept: int | None = None
+    """Encoder-cache entries the engine held when this observation began, before any request of
+    it: after a refit, embeddings computed before the refit, still servable. None: as above."""
 
     @property
     def acceptance_rate(self) -> float | None:

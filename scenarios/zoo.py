@@ -4,27 +4,32 @@ fp16 (what users run: vLLM's x86 CPU backend runs both, and its kernels take a p
 ``--dtype float32`` for the fp32 grid). ``refit-harness run -s zoo`` gives an architecture x
 dtype x path verdict grid.
 
-Beside the stock families: a tied-embedding variant of each dense one (``<family>-tied``), and
+Beside the stock families: a vision-language family whose prompts carry generated images
+(``idefics3``, with path ``encoder_cache``), a tied-embedding variant of each dense one (``<family>-tied``), and
 a Qwen3 with checkpoint KV-cache scales run with an fp8 KV cache (``qwen3-fp8kv``, its engine
 arguments come with the family)."""
 
-from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES
+from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES, VISION_FAMILIES
 from harness.spec.scenario import ModelRef, ScenarioSpec
 from scenarios.default import CPU_PATHS
 
 ZOO_DTYPES = ("bfloat16", "float16")
 """The zoo's dtypes: both half-precision formats vLLM's CPU backend supports on x86."""
-ZOO_FAMILIES = FAMILIES + TIED_FAMILIES + KV_FAMILIES
+VISION_PATHS = ("encoder_cache",)
+"""Paths about images: they run on the vision-language family and are SKIPPED, without an engine,
+on the text ones."""
+ZOO_FAMILIES = FAMILIES + VISION_FAMILIES + TIED_FAMILIES + KV_FAMILIES
 ZOO_MODELS = tuple(ModelRef(label=f.label, builder=f"zoo:{f.label}", engine_args=f.engine_args) for f in ZOO_FAMILIES)
 
 
 def zoo() -> ScenarioSpec:
     return ScenarioSpec(
         name="zoo",
-        description=f"{len(FAMILIES)} stock architecture families, {len(TIED_FAMILIES)} tied-embedding variants and "
-        f"an fp8 KV cache with checkpoint scales x every CPU path, bf16 and fp16",
+        description=f"{len(FAMILIES)} stock architecture families, {len(VISION_FAMILIES)} vision-language one, "
+        f"{len(TIED_FAMILIES)} tied-embedding variants and an fp8 KV cache with checkpoint scales x every CPU path, "
+        "bf16 and fp16",
         models=ZOO_MODELS,
-        paths=CPU_PATHS,
+        paths=CPU_PATHS + VISION_PATHS,
         dtypes=ZOO_DTYPES,
     )
 

@@ -39,6 +39,8 @@ FOREIGN_FLAGS = {
     "--as-avx2": "repro/*.py",
     "--refit-drafter": "repro/*.py",
     "--bf16-checkpoint": "repro/*.py",
+    "--reset-encoder-cache": "repro/*.py",
+    "--same-path": "repro/*.py",
 }
 # A dotted name that is a file, not a module (the traceback log).
 FILE_SUFFIXES = ("log", "json", "md", "py", "csv", "html")

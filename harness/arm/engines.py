@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.arm.images import engine_prompts
 from harness.device import cuda_available
 from harness.plan import ArmPlan
 from harness.records import PromptOutput
@@ -49,7 +50,8 @@ def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[s
     args: dict[str, Any] = dict(
         # A LoRA adapter engine keeps base A; what it starts on is the adapter it serves.
         model=arm.checkpoints.a if r.lora == "adapter" else arm.checkpoints.directory(arm.start),
-        skip_tokenizer_init=True,
+        # vLLM's multimodal processor needs the checkpoint's tokenizer; text prompts need none.
+        skip_tokenizer_init=arm.prompts.images is None,
         dtype=e.dtype,
         enforce_eager=mode == "eager",
         kv_cache_memory_bytes=e.kv_cache_memory_bytes,
@@ -60,6 +62,8 @@ def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[s
         enable_prefix_caching=e.enable_prefix_caching,
         worker_extension_cls=WORKER_EXTENSION,
     )
+    if arm.prompts.images is not None:
+        args["limit_mm_per_prompt"] = {"image": 1}  # what the prompts carry, and all the encoder cache is sized for
     given = e.vllm_kwargs()
     if "gpu_memory_utilization" in given and "kv_cache_memory_bytes" not in given:
         del args["kv_cache_memory_bytes"]  # vLLM sizes the KV cache by bytes first: the user's fraction must count
@@ -204,6 +208,11 @@ class EngineBase(ABC):
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """A method of ``vllm.LLM`` (``sleep``, ``reset_prefix_cache``, weight-transfer calls...)."""
 
+    def reset_encoder_cache(self) -> None:
+        """Empty the engine's encoder cache, the scheduler's record and the workers' embeddings:
+        what vLLM leaves to the caller after a weight update (vllm #46125)."""
+        raise NotImplementedError(f"a {type(self).__name__} cannot reset its encoder cache")
+
     def draft_counts(self) -> tuple[int, int] | None:
         """``(accepted, proposed)`` draft tokens so far, from vLLM's speculative-decoding counters;
         None: no drafter, or an engine that does not report them here (``vllm serve``)."""
@@ -255,7 +264,7 @@ class LocalEngine(EngineBase):
         return self.llm.collective_rpc(method, kwargs=kwargs or {})
 
     def generate(self, prompts):
-        ids = [{"prompt_token_ids": list(p)} for p in prompts.token_ids]
+        ids = engine_prompts(prompts)
         results = self.llm.generate(ids, sampling_params(prompts), use_tqdm=False, lora_request=self.adapter)
         return outputs_from_request_outputs(results, prompts)
 
@@ -271,6 +280,11 @@ class LocalEngine(EngineBase):
 
     def call(self, method, *args, **kwargs):
         return getattr(self.llm, method)(*args, **kwargs)
+
+    def reset_encoder_cache(self):
+        from harness.worker.vllm_private import reset_encoder_cache
+
+        reset_encoder_cache(self.llm)
 
     def draft_counts(self):
         return draft_counts_of(self.llm.get_metrics()) if self._draft_tokens else None
@@ -329,12 +343,17 @@ class RayEngine(EngineBase):
         return self._ray.get(self.actor.collective_rpc.remote(method, kwargs=kwargs or {}))
 
     def generate(self, prompts):
-        ids = [{"prompt_token_ids": list(p)} for p in prompts.token_ids]
+        ids = engine_prompts(prompts)
         results = self._ray.get(self.actor.generate.remote(ids, sampling_params(prompts), use_tqdm=False))
         return outputs_from_request_outputs(results, prompts)
 
     def call(self, method, *args, **kwargs):
         return self._ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+
+    def reset_encoder_cache(self):
+        from harness.worker.vllm_private import reset_encoder_cache
+
+        self._ray.get(self.actor.__ray_call__.remote(reset_encoder_cache))  # runs on the actor's LLM
 
     def draft_counts(self):
         return draft_counts_of(self.call("get_metrics")) if self._draft_tokens else None

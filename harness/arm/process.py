@@ -24,6 +24,7 @@ from harness.records import (
     Completions,
     ConsumedTensor,
     CpuCapabilities,
+    EncoderCacheEntry,
     GraphRead,
     InFlightRequest,
     KernelPath,
@@ -57,7 +58,9 @@ def observe(
     forward on the engine as it is now, on a cold arm as on a warm one: state a model derives
     lazily on a forward exists on both sides, a copy left from before the refit is named STALE
     (not EXTRA or CORRUPT), and state a correct model rebuilds lazily after a refit is rebuilt
-    before it is judged (not MISSING)."""
+    before it is judged (not MISSING). A model that takes images has its encoder cache read
+    first (what the refit left servable) and last (what its requests were served)."""
+    kept = encoder_cache(engine, arm)
     engine.generate(warm_up_prompt(arm.prompts))
     per_rank = [
         store.from_jsonable(RankCensus, r)
@@ -84,6 +87,7 @@ def observe(
     drafted_before = engine.draft_counts()
     outputs = decoded(engine.generate(arm.prompts), arm)
     drafted_after = engine.draft_counts()
+    served = encoder_cache(engine, arm)
     drafts = (
         None
         if drafted_before is None or drafted_after is None
@@ -107,7 +111,17 @@ def observe(
         graphs_probed=probe_graphs,
         in_flight=in_flight,
         drafts=drafts,
+        encoder_cache=served,
+        encoder_cache_kept=None if kept is None else len(kept),
     )
+
+
+def encoder_cache(engine: EngineBase, arm: ArmPlan) -> tuple[EncoderCacheEntry, ...] | None:
+    """Rank 0's encoder cache, for image prompts; None for text prompts or a runner without one."""
+    if arm.prompts.images is None:
+        return None
+    found = engine.rpc("refit_harness_encoder_cache", {"digest": arm.digest})[0]
+    return None if found is None else tuple(EncoderCacheEntry(h, d) for h, d in found)
 
 
 WARM_UP_TOKENS = 8

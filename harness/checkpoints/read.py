@@ -106,3 +106,19 @@ def vocab_size(directory: str | Path) -> int | None:
     config = json.loads(config_file.read_text())
     size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return int(size) if size else None
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def image_token_id(directory: str | Path) -> int | None:
+    """The id of the token an image takes the place of, for a checkpoint that takes images: its
+    config.json names one (``image_token_id``, or LLaVA's ``image_token_index``) and it ships a
+    processor; None otherwise."""
+    root = Path(directory)
+    config_file = root / "config.json"
+    if not config_file.is_file() or not any((root / name).is_file() for name in PROCESSOR_FILES):
+        return None
+    config = json.loads(config_file.read_text())
+    token = config.get("image_token_id", config.get("image_token_index"))
+    return int(token) if token is not None else None

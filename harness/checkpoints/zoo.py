@@ -27,6 +27,29 @@ _ATTN = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)  # CPU a
 
 
 @dataclass(frozen=True)
+class VisionInputs:
+    """How a vision-language family's checkpoint takes images: a tokenizer with the image's
+    special tokens and a processor, written beside the weights (vLLM's multimodal processor
+    reads both; it refuses ``skip_tokenizer_init``)."""
+
+    processor_class: str
+    """transformers processor class, e.g. ``Idefics3Processor``."""
+    image_processor_class: str
+    """transformers image-processor class: a PIL one, since the CPU torch stack has no
+    torchvision (PyPI's is built against CUDA torch), e.g. ``Idefics3ImageProcessorPil``."""
+    image_processor: tuple[tuple[str, object], ...]
+    """Image-processor keyword arguments."""
+    processor: tuple[tuple[str, object], ...]
+    """Processor keyword arguments (the image's token count, e.g. ``image_seq_len``)."""
+    special_tokens: tuple[str, ...]
+    """Special tokens added to the harness's character-level tokenizer, the image token first."""
+    token_config: tuple[tuple[str, str], ...]
+    """config.json keys set to a special token's id, e.g. ``("image_token_id", "<image>")``."""
+    tokenizer_roles: tuple[tuple[str, str], ...] = ()
+    """Tokenizer attributes naming special tokens (``image_token``, ``eos_token``, ...)."""
+
+
+@dataclass(frozen=True)
 class Family:
     """One architecture family of the zoo."""
 
@@ -56,6 +79,8 @@ class Family:
     tensor (``harness.checkpoints.perturb``: a scalar moves by ``strength`` of itself)."""
     dense: bool = False
     """A dense attention family (no MoE, MLA or SSM): the zoo has a tied-embedding variant of it."""
+    vision: VisionInputs | None = None
+    """A vision-language family: how its checkpoint takes images (None: text only)."""
 
     def tied(self) -> Family:
         """The same family with ``tie_word_embeddings=true``: the checkpoint has no
@@ -294,6 +319,46 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+VISION_FAMILIES: tuple[Family, ...] = (
+    Family(
+        "idefics3",
+        "Idefics3Config",
+        "Idefics3ForConditionalGeneration",
+        "Idefics3ForConditionalGeneration",
+        _cfg(
+            text_config=dict(
+                model_type="llama", **_COMMON, **_ATTN, intermediate_size=256, rms_norm_eps=1e-6, pad_token_id=None
+            ),
+            # A SigLIP-style tower on 56-pixel images: 16 patches, pixel-shuffled (scale 2) to 4 tokens.
+            vision_config=dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=56,
+                patch_size=14,
+            ),
+            scale_factor=2,
+            tie_word_embeddings=False,
+        ),
+        "vision-language (Idefics3/SmolVLM): a vision tower, a pixel-shuffle connector and a Llama; prompts "
+        "carry generated images, and vLLM's encoder cache keeps each image's embeddings across requests "
+        "(Qwen2.5-VL, Qwen3-VL and Gemma 3 need torchvision in vLLM 0.32's transformers 5 path)",
+        vision=VisionInputs(
+            processor_class="Idefics3Processor",
+            image_processor_class="Idefics3ImageProcessorPil",
+            image_processor=_cfg(
+                do_image_splitting=False, size={"longest_edge": 56}, max_image_size={"longest_edge": 56}
+            ),
+            processor=_cfg(image_seq_len=4),
+            special_tokens=("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>", "<eos>"),
+            token_config=(("image_token_id", "<image>"),),
+            tokenizer_roles=(("image_token", "<image>"), ("end_of_utterance_token", "<end_of_utterance>")),
+        ),
+    ),
+)
+"""Vision-language families: prompts that carry images, and the encoder cache (issue 35)."""
+
 TIED_FAMILIES: tuple[Family, ...] = tuple(f.tied() for f in FAMILIES if f.dense)
 """A tied-embedding variant of each dense family (``tie_word_embeddings=true``): what most small
 models RL teams train do (Qwen3-0.6B to 4B, Llama-3.2-1B/3B, Qwen2.5-0.5B to 3B)."""
@@ -386,7 +451,7 @@ DEEPSEEK_V3 = Family(
 """A tiny DeepSeek-V3 (noaux_tc routing with a correction bias), for the regression corpus."""
 
 ALL_FAMILIES: tuple[Family, ...] = (
-    FAMILIES + TIED_FAMILIES + KV_FAMILIES + KV_FIXTURE_FAMILIES + (HUNYUAN_V3, DEEPSEEK_V3)
+    FAMILIES + VISION_FAMILIES + TIED_FAMILIES + KV_FAMILIES + KV_FIXTURE_FAMILIES + (HUNYUAN_V3, DEEPSEEK_V3)
 )
 
 
@@ -545,6 +610,7 @@ def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
             "config": fam.config,
             "extra": fam.extra,
             "neutral": fam.neutral_norm,
+            **({"vision": fam.vision} if fam.vision else {}),
             **({"kv_scales": KV_SCALES_RECIPE} if fam.kv_scales else {}),
         },
         sort_keys=True,
@@ -563,7 +629,12 @@ def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
     import transformers
 
     torch.manual_seed(seed)
-    config = getattr(transformers, fam.config_class)(**dict(fam.config))
+    config_kwargs = dict(fam.config)
+    tokenizer = None
+    if fam.vision is not None:
+        tokenizer = vision_tokenizer(fam.vision)
+        config_kwargs.update({key: tokenizer.convert_tokens_to_ids(token) for key, token in fam.vision.token_config})
+    config = getattr(transformers, fam.config_class)(**config_kwargs)
     hf_model = getattr(transformers, fam.model_class)(config).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -585,9 +656,45 @@ def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
     cfg["architectures"] = [fam.architecture]
     cfg["torch_dtype"] = "float32"
     cfg.update(dict(fam.extra))
+    if fam.vision is not None and tokenizer is not None:
+        write_processor(fam.vision, tokenizer, staging)
+        # The text model stops on the tokenizer's end token (its defaults lie outside the vocabulary).
+        ends = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.eos_token_id, "bos_token_id": None}
+        cfg.update({k: v for k, v in ends.items() if k in cfg})
+        cfg.setdefault("text_config", {}).update(ends)
     (staging / "config.json").write_text(json.dumps(cfg, indent=2))
     if fam.kv_scales:
         add_kv_scales(staging, cfg["num_hidden_layers"], seed)
+
+
+def vision_tokenizer(vision: VisionInputs):
+    """The harness's character-level tokenizer with the family's special tokens (ids after the
+    characters', inside the tiny vocabulary), as a transformers fast tokenizer."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    from harness.tokenizer import char_tokenizer
+
+    tok = char_tokenizer()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in vision.special_tokens])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        eos_token="<eos>",
+        pad_token="<eos>",
+        extra_special_tokens=dict(vision.tokenizer_roles),
+    )
+
+
+def write_processor(vision: VisionInputs, tokenizer, staging: Path) -> None:
+    """The tokenizer and the processor files vLLM's multimodal processor loads."""
+    import transformers
+
+    image_processor = getattr(transformers, vision.image_processor_class)(**dict(vision.image_processor))
+    processor = getattr(transformers, vision.processor_class)(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=None, **dict(vision.processor)
+    )
+    processor.save_pretrained(str(staging))
 
 
 KV_SCALES_RECIPE = "kv-v1"

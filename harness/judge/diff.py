@@ -148,6 +148,20 @@ class HookRun:
 
 
 @dataclass(frozen=True)
+class EncoderCacheComparison:
+    """What a vision-language engine's encoder cache did across a refit, against cold B's."""
+
+    kept: int
+    """Entries the engine held when its observation after the refit began: image embeddings
+    computed before the refit, still servable (0: the refit emptied the cache)."""
+    compared: int
+    """Images whose embeddings both the engine after the refit and cold B held (and a second
+    cold B, if observed, held identically)."""
+    stale: tuple[str, ...]
+    """Hashes of those images whose embeddings differ from cold B's: served from before the refit."""
+
+
+@dataclass(frozen=True)
 class PathComparison:
     """Everything compared for one path; the verdict is judged from this alone."""
 
@@ -192,6 +206,9 @@ class PathComparison:
     acceptance: tuple[float, float] | None = None
     """A speculative-decoding engine's draft acceptance rates, ``(after the refit to B, cold B)``,
     when both were counted and the two cold starts on B agreed on theirs; None otherwise."""
+    encoder_cache: EncoderCacheComparison | None = None
+    """A vision-language engine's encoder cache after the refit to B against cold B's; None for
+    text prompts."""
 
 
 class Digested(Protocol):
@@ -630,6 +647,26 @@ def compare_path(
             cold_b,
         ),
         acceptance=acceptance_rates(obs.get("warm_B"), cold_b, noise_obs),
+        encoder_cache=compare_encoder_caches(obs.get("warm_B"), cold_b, noise_obs),
+    )
+
+
+def compare_encoder_caches(
+    warm: Observation | None, cold: Observation | None, noise: Observation | None
+) -> EncoderCacheComparison | None:
+    """The engine's encoder cache after the refit against cold B's, image by image; an image a
+    second cold B embedded otherwise is no evidence. None unless both recorded theirs."""
+    if warm is None or cold is None or warm.encoder_cache is None or cold.encoder_cache is None:
+        return None
+    reference = {e.mm_hash: e.digest for e in cold.encoder_cache}
+    if noise is not None and noise.encoder_cache is not None:
+        again = {e.mm_hash: e.digest for e in noise.encoder_cache}
+        reference = {h: d for h, d in reference.items() if again.get(h, d) == d}
+    both = [e for e in warm.encoder_cache if e.mm_hash in reference]
+    return EncoderCacheComparison(
+        kept=warm.encoder_cache_kept or 0,
+        compared=len(both),
+        stale=tuple(e.mm_hash for e in both if e.digest != reference[e.mm_hash]),
     )
 
 

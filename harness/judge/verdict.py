@@ -226,15 +226,16 @@ def judge(
     )
     flight_fails, flight_notes = in_flight_reasons(c.in_flight, c.in_flight_sources)
     draft_fails, draft_notes = drafter_reasons(c)
-    reasons = draft_fails + cache_reasons + flight_fails + reasons + flight_notes
-    notes += draft_notes
+    encoder_fails, encoder_notes = encoder_cache_reasons(c)
+    reasons = encoder_fails + draft_fails + cache_reasons + flight_fails + reasons + flight_notes
+    notes += draft_notes + encoder_notes
 
     notes += c.notes
     detected = control.detected if control else None
     if c.errors or c.missing_observations:
         errors = list(c.errors) or [f"observations missing: {', '.join(c.missing_observations)}"]
         status, reasons = VerdictStatus.ERROR, errors + reasons
-    elif bad or kernel_bad or token_reasons or cache_reasons or flight_fails or draft_fails:
+    elif bad or kernel_bad or token_reasons or cache_reasons or flight_fails or draft_fails or encoder_fails:
         status, reasons = VerdictStatus.FAIL, reasons + control_reasons
     elif control_reasons or evidence_reasons:
         status, reasons = VerdictStatus.INCONCLUSIVE, control_reasons + evidence_reasons + reasons
@@ -261,6 +262,23 @@ def drafter_reasons(c: PathComparison) -> tuple[list[str], list[str]]:
         f"drafter stale: acceptance rate {warm:.2f} vs cold B's {cold:.2f}; tokens "
         + ("identical" if identical else "differ too")
     ], []
+
+
+def encoder_cache_reasons(c: PathComparison) -> tuple[list[str], list[str]]:
+    """``(failing, informational)`` reasons of a vision-language engine's encoder cache. vLLM
+    keeps each image's embeddings and serves them to any later request with the same image; an
+    embedding that differs from cold B's after the refit was computed by the vision tower before
+    it. What the refit did to the cache is always shown."""
+    e = c.encoder_cache
+    if e is None:
+        return [], []
+    did = f"the refit left {e.kept} entr{'y' if e.kept == 1 else 'ies'} in it" if e.kept else "the refit emptied it"
+    if e.stale:
+        return [
+            f"encoder cache stale: {len(e.stale)} of {e.compared} image embedding(s) served after the refit differ "
+            f"from cold B's ({did}; first image {e.stale[0][:12]})"
+        ], []
+    return [], [f"encoder cache: {did}; the {e.compared} image embedding(s) served after it equal cold B's"]
 
 
 def in_flight_reasons(
@@ -361,6 +379,9 @@ def judge_sabotage(
             if diverged
             else None
         )
+    elif evidence == "encoder_cache":
+        stale = twin.encoder_cache.stale if twin.encoder_cache else ()
+        found = f"{len(stale)} image embedding(s) served after the refit differ from cold B's" if stale else None
     elif evidence == "drafter":
         drafted = [d for d in failing if (d.name or d.tensor).startswith(DRAFTER_PREFIX)]
         found = f"{drafted[0].tensor} {drafted[0].status.value}" if drafted else None
@@ -410,8 +431,12 @@ def _explaining(
     if status is VerdictStatus.ERROR:
         return tuple(k for k in knowns if k.error_contains and any(k.error_contains in e for e in c.errors))[:1]
     if not bad and not kernel_bad:
-        # Only tokens diverged, every tensor right: explained by an issue of served state (stale KV).
-        return tuple(k for k in knowns if k.tokens_only and c.cache_hits)[:1]
+        # Only tokens diverged, every tensor right: explained by an issue of served state (stale
+        # KV, or image embeddings the encoder cache kept).
+        stale_images = bool(c.encoder_cache and c.encoder_cache.stale)
+        return tuple(k for k in knowns if (k.tokens_only and c.cache_hits) or (k.encoder_cache_stale and stale_images))[
+            :1
+        ]
     kinds = {d.tensor: d.kind for d in c.tensors}
 
     def covering(name: str, kind: str | None) -> KnownIssue | None:

@@ -184,7 +184,7 @@ def prepare(
     cs = make_checkpoints(spec, progress)
     classes = {p: PATHS.get(p) for p in spec.paths}
     needs = {p: PathNeeds.of(cls) for p, cls in classes.items()}
-    unavailable = unavailable_here(spec, classes)
+    unavailable = unavailable_here(resolved, classes)
     cs, untrained = train_targets(spec, resolved, cs, needs, unavailable, progress)
     unavailable = first_reasons(unavailable, untrained, not_started(spec, cs, needs))
     adapters = lora_adapters(spec, classes, unavailable, progress)
@@ -267,7 +267,20 @@ def unavailable_here(spec: RunSpec, classes: dict) -> dict[str, str]:
         for p, cls in classes.items()
         if cls.needs_drafter and not spec.engine.draft_tokens
     }
-    return first_reasons(unavailable, drafterless, unavailable_paths(classes, spec.engine.tensor_parallel_size, gpus))
+    imageless = {
+        p: f"{p} sends token-id prompts to vllm serve's /v1/completions, which takes no image, and this "
+        "model's prompts carry images"
+        for p, cls in classes.items()
+        if cls.requirements.kind == "http" and spec.prompts.images is not None
+    }
+    textual = {
+        p: f"{p} is about a vision-language model's encoder cache, and this model's prompts carry no image"
+        for p, cls in classes.items()
+        if cls.needs_images and spec.prompts.images is None
+    }
+    return first_reasons(
+        unavailable, drafterless, imageless, textual, unavailable_paths(classes, spec.engine.tensor_parallel_size, gpus)
+    )
 
 
 def train_targets(

@@ -9,10 +9,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from harness.checkpoints.read import vocab_size
+from harness.checkpoints.read import image_token_id, vocab_size
 from harness.errors import UsageError
 from harness.spec.kv_cache import kv_cache_bytes
-from harness.spec.prompts import shared_prefix_prompts, text_prompts
+from harness.spec.prompts import PROMPT_QUESTIONS, shared_prefix_prompts, text_prompts, with_images
 from harness.spec.run import RunSpec
 from harness.tokenizer import own_tokenizer
 
@@ -28,9 +28,20 @@ def resolve_prompts(spec: RunSpec) -> RunSpec:
     vocab = vocab_size(spec.model) or DEFAULT_VOCAB
     tokenizer = own_tokenizer(spec.model)
     made = text_prompts(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, vocab) if tokenizer else None
-    if made:
-        return replace(spec, prompts=replace(spec.prompts, token_ids=made[0], texts=made[1]))
-    return replace(spec, prompts=replace(spec.prompts, token_ids=shared_prefix_prompts(vocab)))
+    token_ids, texts = made if made else (shared_prefix_prompts(vocab), None)
+    prompts = replace(spec.prompts, token_ids=token_ids, texts=texts)
+    image_token = image_token_id(spec.model)
+    if image_token is not None:
+        placed, seeds = with_images(token_ids, image_token)
+        shown = tokenizer.id_to_token(image_token) if tokenizer else f"<{image_token}>"
+        prompts = replace(
+            prompts,
+            token_ids=placed,
+            images=seeds,
+            # Shown before each question: where the ids place it, after the (cut) passage.
+            texts=tuple(t[: -len(q)] + shown + " " + q for t, q in zip(texts, PROMPT_QUESTIONS)) if texts else None,
+        )
+    return replace(spec, prompts=prompts)
 
 
 def resolve_engine(spec: RunSpec, model_dir: str) -> RunSpec:

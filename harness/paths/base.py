@@ -89,9 +89,13 @@ class ReloadPath:
     sabotage_evidence: ClassVar[SabotageEvidence] = "tensor"
     """How a caught sabotage shows: ``tensor``, the left-out tensor (or its module's kernel)
     fails; ``tokens``, greedy tokens diverge from cold B (state no tensor census holds);
-    ``drafter``, a tensor of the speculative-decoding drafter fails."""
+    ``drafter``, a tensor of the speculative-decoding drafter fails; ``encoder_cache``, images'
+    embeddings served after the refit differ from cold B's."""
     needs_cache_hits: ClassVar[bool] = False
     """The path is meaningful only if the prefix cache served tokens after its refit."""
+    needs_images: ClassVar[bool] = False
+    """The path is about images (a vision-language model's encoder cache): it runs only where the
+    prompts carry images, and is SKIPPED elsewhere."""
     needs_drafter: ClassVar[bool] = False
     """The path refits a speculative-decoding drafter: it runs only on an engine with one
     (``--draft-tokens``), and is SKIPPED elsewhere."""

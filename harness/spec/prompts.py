@@ -48,3 +48,22 @@ def shared_prefix_prompts(vocab_size: int, seed: int = 0) -> tuple[tuple[int, ..
     draw = random.Random(seed)
     prefix = tuple(draw.randrange(1, vocab_size) for _ in range(SHARED_PREFIX_TOKENS))
     return tuple(prefix + tuple(draw.randrange(1, vocab_size) for _ in range(n)) for n in PROMPT_SUFFIX_TOKENS)
+
+
+PROMPT_IMAGES = 2
+"""Distinct generated images over the default prompts of a model that takes images: prompt i
+carries image ``i % PROMPT_IMAGES``, so each image is served twice and the engine's encoder
+cache has an entry to serve again."""
+
+
+def with_images(
+    token_ids: tuple[tuple[int, ...], ...], image_token: int
+) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """``(token_ids, image seeds)``: each prompt with one image placeholder (``image_token``,
+    which vLLM's processor expands to the image's tokens) right after the shared prefix, so the
+    prefix cache still has whole text blocks to serve; its image is drawn from its seed. A drawn id
+    equal to the image token would be a second placeholder without an image: it takes its neighbour's."""
+    other = image_token - 1 if image_token > 1 else image_token + 1
+    cleared = tuple(tuple(other if t == image_token else t for t in p) for p in token_ids)
+    placed = tuple(p[:SHARED_PREFIX_TOKENS] + (image_token,) + p[SHARED_PREFIX_TOKENS:] for p in cleared)
+    return placed, tuple(i % PROMPT_IMAGES for i in range(len(token_ids)))

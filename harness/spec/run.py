@@ -93,6 +93,10 @@ class PromptSpec:
     texts: tuple[str, ...] | None = None
     """The text each prompt was tokenized from (the tokenizer's prefix cut may end mid-passage);
     None for prompts given or drawn as token ids."""
+    images: tuple[int, ...] | None = None
+    """For a model that takes images: the seed of each prompt's generated image (its pixels drawn
+    from it, ``harness.arm.images``), whose placeholder token is in its ``token_ids``; None: text
+    prompts."""
     max_tokens: int = 12
     """Greedy tokens generated per prompt."""
     logprobs: int = 5

@@ -162,6 +162,19 @@ class RefitObserver:
         )
         return to_jsonable(census)
 
+    def refit_harness_encoder_cache(self, digest: str = "auto") -> list[list[str]] | None:
+        """``[mm_hash, digest]`` of every image's embeddings in this rank's encoder cache, in hash
+        order; None where the model runner keeps none."""
+        from harness.worker.digest import digest_many
+        from harness.worker.vllm_private import encoder_cache
+
+        cache = encoder_cache(self)
+        if cache is None:
+            return None
+        hashes = sorted(cache)
+        found = digest_many([cache[h] for h in hashes], resolve_digest(digest))
+        return [[h, d if isinstance(d, str) else f"<{type(d).__name__}>"] for h, d in zip(hashes, found)]
+
     def _refit_harness_drafter_entries(self, unobserved: list[UnobservedRecord]) -> list:
         """A speculative-decoding drafter's tensors and linear-kernel probes, named under
         ``DRAFTER_PREFIX``: ``reload_weights`` reaches the target only (``get_model()``), so a

@@ -112,3 +112,25 @@ def drafter_model(worker: Any) -> Any:
     MTP); an n-gram drafter has none (no ``model``)."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     return getattr(drafter, "model", None)
+
+
+def encoder_cache(worker: Any) -> dict[str, Any] | None:
+    """The model runner's encoder outputs by image hash (``{mm_hash: embeddings}``), or None
+    where the runner keeps none.
+
+    Private: ``model_runner.encoder_cache``. Why: vLLM exposes only resetting it
+    (``reset_encoder_cache``); nothing public says what it holds, and the harness must see
+    whether embeddings computed before a refit are still there to be served."""
+    return getattr(getattr(worker, "model_runner", None), "encoder_cache", None)
+
+
+def reset_encoder_cache(llm: Any) -> None:
+    """Empty the engine's encoder cache: the scheduler's record of cached images and every
+    worker's cached embeddings together.
+
+    Private: ``LLM.llm_engine.reset_encoder_cache()``. Why: vLLM 0.32's ``LLM`` has
+    ``reset_prefix_cache`` and ``reset_mm_cache`` but no ``reset_encoder_cache`` (its
+    ``LLMEngine`` and ``AsyncLLM`` have one); resetting only the workers' cache (a
+    ``collective_rpc``) leaves the scheduler expecting embeddings that are gone."""
+    public = getattr(llm, "reset_encoder_cache", None)
+    (public or llm.llm_engine.reset_encoder_cache)()
