@@ -276,7 +276,7 @@ def encoder_cache_reasons(c: PathComparison) -> tuple[list[str], list[str]]:
     if e.stale:
         return [
             f"encoder cache stale: {len(e.stale)} of {e.compared} image embedding(s) served after the refit differ "
-            f"from cold B's ({did}; first image {e.stale[0][:12]})"
+            f"from cold B's ({did}; first image {e.stale[0]})"
         ], []
     return [], [f"encoder cache: {did}; the {e.compared} image embedding(s) served after it equal cold B's"]
 
@@ -434,9 +434,8 @@ def _explaining(
         # Only tokens diverged, every tensor right: explained by an issue of served state (stale
         # KV, or image embeddings the encoder cache kept).
         stale_images = bool(c.encoder_cache and c.encoder_cache.stale)
-        return tuple(k for k in knowns if (k.tokens_only and c.cache_hits) or (k.encoder_cache_stale and stale_images))[
-            :1
-        ]
+        served = [k for k in knowns if (k.tokens_only and c.cache_hits) or (k.encoder_cache_stale and stale_images)]
+        return tuple(served[:1])
     kinds = {d.tensor: d.kind for d in c.tensors}
 
     def covering(name: str, kind: str | None) -> KnownIssue | None:

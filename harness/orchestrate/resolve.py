@@ -22,7 +22,8 @@ DEFAULT_VOCAB = 256  # prompts for a checkpoint whose config names no vocabulary
 def resolve_prompts(spec: RunSpec) -> RunSpec:
     """The spec with its prompts made concrete when the user gave none, so the default
     prompts fit any checkpoint: real text through the checkpoint's own tokenizer where it
-    has one, else token ids drawn from the model's vocabulary."""
+    has one, else token ids drawn from the model's vocabulary; for a checkpoint that takes
+    images, one image placeholder in each (``with_images``)."""
     if spec.prompts.token_ids is not None:
         return spec
     vocab = vocab_size(spec.model) or DEFAULT_VOCAB
