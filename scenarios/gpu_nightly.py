@@ -12,6 +12,11 @@ weights itself. Before vLLM PR #56706 it read float32 mirror parameters
 cold start runs; since, ``q_norm`` / ``k_norm`` are built in float32 and read directly. The
 cell's expected census names both forms and HpcRopeNorm's own ``cos_sin_cache``: a run where the
 HPC path was not active (the model fell back to the eager norms) is INCONCLUSIVE, not a PASS.
+
+The drafter cells (``DRAFTER_PATHS``) run the main model with speculative decoding: the CPU zoo
+has the same cells on its tiny families, and the GPU adds level-2 sleep, whose loss of the
+drafter's weights was reported on GPUs (vllm #52487). The preflight builds their engine
+configuration, speculative decoding included, before any GPU is held.
 Elsewhere than sm90 the cell is SKIPPED with that reason. The iHC fused ops of the same PR
 (``HpcIHCPre``/``HpcIHCHead``, which read their owner's ``hc_fn.weight``, ``hc_scale``,
 ``hc_base`` and ``hc_head_*`` through an alias) belong to HunYuan V4 on sm100/sm103 only
@@ -63,6 +68,12 @@ GPU_PATHS = (
 )
 
 
+DRAFTER_PATHS = ("reload_weights", "reload_weights_drafter", "sleep_level2")
+"""The drafter cell's paths (issue 35): every engine drafts 2 tokens with a ``draft_model`` drafter of
+its own checkpoint; ``reload_weights`` is judged on the acceptance rate (it refits the target only),
+``reload_weights_drafter`` refits the drafter too, and level-2 sleep discards the drafter's weights
+with the target's before the reload (vllm #52487)."""
+
 HUNYUAN = ModelRef(label="hunyuan-v3", builder="zoo:hunyuan-v3")
 
 HPC_QK_NORM = (
@@ -96,6 +107,7 @@ HPC_ATTN = EngineConfig(
     devices=("sm90",),
     skip_reason="the HPC QK-norm configuration (attention_backend=HPC_ATTN with Tencent's hpc-ops) runs on sm90 only",
     packages=(HPC_OPS,),
+    paths=GPU_PATHS,
 )
 
 
@@ -108,11 +120,16 @@ def gpu_nightly() -> ScenarioSpec:
         name="gpu-nightly",
         description=(
             f"every path on {model}, bf16, eager+compiled (CUDA graphs), TP 1 and 2, {attention or 'vLLM'}'s "
-            "attention; and the HPC QK-norm cell on HunYuan V3 (GPU)"
+            "attention; the same model with a drafter of its own checkpoint; and the HPC QK-norm cell on HunYuan V3 "
+            "(GPU)"
         ),
         models=(ModelRef(label=label, path=model), HUNYUAN),
-        engine_configs=(EngineConfig(models=(label,), args=pinned), HPC_ATTN),
-        paths=GPU_PATHS,
+        engine_configs=(
+            EngineConfig(models=(label,), args=pinned, paths=GPU_PATHS),
+            EngineConfig(label="drafter", models=(label,), args=pinned, draft_tokens=2, paths=DRAFTER_PATHS),
+            HPC_ATTN,
+        ),
+        paths=GPU_PATHS + ("reload_weights_drafter",),
         modes=("eager", "compiled"),
         dtypes=("bfloat16",),
         tp_sizes=(1, 2),

@@ -97,6 +97,9 @@ class EngineConfig:
     """Why it cannot run elsewhere (shown as the SKIPPED reason)."""
     reload_mode: ReloadMode = "layerwise"
     """vLLM's reload mode for its cells (``EngineSpec.reload_mode``)."""
+    draft_tokens: int = 0
+    """Speculative decoding for its cells (``EngineSpec.draft_tokens``): every engine drafts this
+    many tokens a step with a drafter of its own checkpoint; 0: none."""
     paths: tuple[str, ...] = ()
     """The scenario's paths it runs (empty: all of them): a reload mode changes only the paths
     whose refit goes through vLLM's reload lifecycle."""

@@ -162,6 +162,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 engine_args=merge(m.engine_args, config.args),
                                 cpu_isa=s.cpu_isa,
                                 reload_mode=config.reload_mode,
+                                draft_tokens=config.draft_tokens,
                             ),
                             control=s.control,
                             prompts=s.prompts,

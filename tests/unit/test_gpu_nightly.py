@@ -234,7 +234,7 @@ def test_defect_7_nightly_kv_cache_fits_in_bf16_on_the_production_backend(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
     cs = CheckpointSet(a=str(tmp_path), b=str(tmp_path), b_control=str(tmp_path), control_tensor="x")
     groups = [g for g in expand(nightly) if g.model.label == "Qwen3-0.6B"]  # the HPC cell is its own model's
-    assert len(groups) == 4
+    assert len(groups) == 8  # plain and drafter, eager and compiled, TP 1 and 2
     for group in groups:
         spec = resolve_engine(
             dataclasses.replace(group.spec, model=str(tmp_path), paths=("reload_weights",)), str(tmp_path)
@@ -479,3 +479,28 @@ class FakeEngine:
 
     def draft_counts(self):
         return None
+
+
+def test_the_nightly_has_a_drafter_cell_on_its_main_model_with_level_2_sleep(tmp_path):
+    """Issue 35: a drafter left at A after a refit, and its weights lost by level-2 sleep (vllm
+    #52487), on the GPU: the main model's cells again with a drafter; the preflight builds their
+    engine configuration, the drafter's included."""
+    from harness.arm.engines import engine_args
+    from harness.arm.preflight import engine_config
+    from harness.plan import PathNeeds, make_plan
+    from harness.spec.scenario import expand
+    from scenarios import SCENARIOS
+    from scenarios.gpu_nightly import DRAFTER_PATHS
+
+    groups = expand(SCENARIOS.get("gpu-nightly")())
+    drafted = [g for g in groups if "-drafter-" in g.id]
+    assert drafted and {g.model.label for g in drafted} == {"Qwen3-0.6B"}, [g.id for g in drafted]
+    assert all(g.spec.engine.draft_tokens == 2 and set(g.spec.paths) == set(DRAFTER_PATHS) for g in drafted)
+    assert all("reload_weights_drafter" not in g.spec.paths for g in groups if g not in drafted)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
+    cs = CheckpointSet(a=str(tmp_path), b=str(tmp_path), b_control=str(tmp_path), control_tensor="x")
+    spec = dataclasses.replace(drafted[0].spec, model=str(tmp_path), paths=("reload_weights_drafter",))
+    arm = make_plan(spec, cs, {"reload_weights_drafter": PathNeeds.of(PATHS.get("reload_weights_drafter"))}, {})
+    kwargs = engine_args(arm.arms[0])
+    assert kwargs["speculative_config"]["num_speculative_tokens"] == 2
+    assert engine_config(kwargs).speculative_config is not None  # what the preflight builds
