@@ -110,6 +110,7 @@ def evaluate(out: Path, path_for: PathLookup) -> Evaluation:
             quantization_of(record.checkpoints.quantization, record.spec.engine.vllm_kwargs()),
             record.checkpoints.tied_embeddings,
             record.spec.engine.reload_mode,
+            any(o.encoder_cache is not None for o in subject.observations),
         )
         # The path's own engine mode decides whether a moved address matters (a compiled
         # path in an eager run captures graphs all the same).

@@ -44,6 +44,8 @@ class Subject:
     """The checkpoint's ``tie_word_embeddings`` (``CheckpointSet.tied_embeddings``); None: not known."""
     reload_mode: str = "layerwise"
     """vLLM's reload mode (``EngineSpec.reload_mode``)."""
+    takes_images: bool = False
+    """Its prompts carried images (its observations recorded an encoder cache)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ class KnownIssue:
     tokens_only: bool = False
     """It explains a failure that only the tokens show, with every tensor and kernel input right
     and prefix-cache hits after the refit: outputs served from stale cached KV."""
+    images: bool = False
+    """It holds only where the prompts carry images (a vision-language model's encoder cache):
+    a text model, which never fills that cache, expects nothing of it."""
     encoder_cache_stale: bool = False
     """It explains a failure that only a vision-language engine's encoder cache shows (every
     tensor and kernel input right): image embeddings computed before the refit served after it."""
@@ -146,6 +151,8 @@ class KnownIssue:
         if self.tied_embeddings is not None and subject.tied_embeddings is not self.tied_embeddings:
             return False
         if self.paths and path not in self.paths:
+            return False
+        if self.images and not subject.takes_images:
             return False
         if self.dtypes and subject.dtype not in self.dtypes:
             return False
@@ -331,6 +338,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device=None,  # the scheduler's bookkeeping, on every device
         vllm=("==0.32.*",),
         paths=RUNNER_RELOAD_PATHS,
+        images=True,
         error_contains="Encoder cache miss for",
         finding="docs/findings/encoder-cache-miss-after-reload-weights.md",
         title="reload_weights empties the workers' encoder cache but not the scheduler's: the next request with "
@@ -347,6 +355,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device=None,
         vllm=("==0.32.*",),
         paths=("transfer_gloo",),
+        images=True,
         encoder_cache_stale=True,
         title="A weight update leaves the encoder cache: images served before it are embedded by the old vision "
         "tower after it",

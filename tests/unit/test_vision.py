@@ -93,6 +93,18 @@ def test_a_stale_encoder_cache_is_explained_only_by_an_issue_of_it():
     assert judge(stale, POLICY, False, known=other).status is VerdictStatus.FAIL  # no prefix-cache hits
 
 
+def test_the_encoder_cache_issues_expect_nothing_of_a_text_model():
+    """Both hold where prompts carry images; on a text model's PASS they must not turn it XPASS."""
+    from harness.spec.known_issues import Subject
+
+    image_issues = [k for k in KNOWN_ISSUES if k.images]
+    assert len(image_issues) == 2, [k.title for k in image_issues]
+    text = Subject("cpu (x86_64)", "0.32.0+cpu", "LlamaForCausalLM", "bfloat16")
+    vision = dataclasses.replace(text, architecture="Idefics3ForConditionalGeneration", takes_images=True)
+    for k in image_issues:
+        assert all(k.applies(p, vision) and not k.applies(p, text) for p in k.paths), k.title
+
+
 def vision_checkpoint(directory, image_token: int = 97, processor: bool = True):
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(
