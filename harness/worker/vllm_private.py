@@ -132,5 +132,4 @@ def reset_encoder_cache(llm: Any) -> None:
     ``reset_prefix_cache`` and ``reset_mm_cache`` but no ``reset_encoder_cache`` (its
     ``LLMEngine`` and ``AsyncLLM`` have one); resetting only the workers' cache (a
     ``collective_rpc``) leaves the scheduler expecting embeddings that are gone."""
-    public = getattr(llm, "reset_encoder_cache", None)
-    (public or llm.llm_engine.reset_encoder_cache)()
+    llm.llm_engine.reset_encoder_cache()
