@@ -21,6 +21,11 @@ from harness.errors import CheckpointError
 from harness.settings import DEFAULT_CACHE
 from harness.spec.run import TrainerSpec
 
+SAVED_LAYOUT = "checkpoint-layout-v2"
+"""What a saved step's files are, part of its cache key: v2 sends and saves the checkpoint's
+layout (transformers 5's load-time conversions reverted) and keeps A's KV-scale config. Change
+it whenever the files the trainer writes change."""
+
 
 def _version(dist: str) -> str:
     try:
@@ -52,6 +57,7 @@ def trainer_steps(
         "steps": steps,
         "torch": _version("torch"),
         "transformers": _version("transformers"),
+        "saved": SAVED_LAYOUT,
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     dest = cache / "derived" / f"trainer-{key}"

@@ -1,9 +1,10 @@
 """The live trainer of the trainer paths: a real ``transformers`` model of checkpoint A.
 
 ``AutoModelForCausalLM`` in fp32 (master weights), AdamW, the next-token loss over the run's
-prompts. After each optimizer step its ``named_parameters()`` are what a trainer sends: its
-own names (separate q/k/v and gate/up, no tied copy of the head) and its own dtype; vLLM's
-loaders do the packing, the tying and the cast to the engine's dtype.
+prompts. After each optimizer step its parameters are what a trainer sends, in the
+checkpoint's names and layout (separate q/k/v and gate/up, per-expert tensors, no tied copy of
+the head) and its own dtype; vLLM's loaders do the packing, the tying and the cast to the
+engine's dtype.
 
 Two processes run this same code: the prepare step (``python -m harness.machinery.trainer``, before
 any engine) saves each step with ``save_pretrained``, where the per-step cold starts read it;
@@ -76,8 +77,26 @@ class Trainer:
             self.step()
 
     def named_parameters(self, exclude: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
-        """What the trainer sends: ``named_parameters()`` under its own names, detached."""
-        return [(name, p.detach()) for name, p in self.model.named_parameters() if name not in exclude]
+        """What the trainer sends: its parameters, detached, in the checkpoint's names and layout.
+
+        transformers 5 converts some checkpoints as it loads them (MoE experts fused into one
+        ``experts.gate_up_proj``, Mixtral's ``block_sparse_moe`` renamed ``mlp``, NemotronH's
+        ``backbone`` renamed ``model``), and ``save_pretrained`` reverts that conversion. A
+        trainer sends what vLLM's loaders read, which is the saved layout, so it goes through
+        the same reversal (a no-op where nothing was converted)."""
+        state = {name: p.detach() for name, p in self.model.named_parameters()}
+        saved_layout = self._checkpoint_layout(state)
+        return [(name, t) for name, t in saved_layout.items() if name not in exclude]
+
+    def _checkpoint_layout(self, state: dict[str, Any]) -> dict[str, Any]:
+        import importlib.util
+
+        # Feature detection: transformers 4 loads checkpoints unconverted and has no reversal.
+        if importlib.util.find_spec("transformers.core_model_loading") is None:
+            return state
+        from transformers.core_model_loading import revert_weight_conversion
+
+        return dict(revert_weight_conversion(self.model, state))
 
     def save(self, directory: Path) -> None:
         """``save_pretrained`` of the current weights, with A's ``config.json`` architecture."""
@@ -88,6 +107,11 @@ class Trainer:
         source = json.loads((Path(self.model_dir) / "config.json").read_text())
         config["architectures"] = source.get("architectures", config.get("architectures"))
         config["torch_dtype"] = "float32"
+        if "quantization_config" in source:
+            # Only a config of KV-cache scales gets here (``checkpoints.trainer`` refuses quantized
+            # weights): the trainer keeps and saves A's scales, but save_pretrained drops the
+            # config that tells vLLM to load them.
+            config["quantization_config"] = source["quantization_config"]
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for extra in Path(self.model_dir).iterdir():  # the tokenizer, for text prompts
             if extra.is_file() and extra.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):

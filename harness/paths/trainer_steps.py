@@ -3,7 +3,7 @@
 The trainer (``harness.machinery.trainer``: a transformers model of A in fp32, AdamW, next-token
 loss over the prompts) runs in the arm process, outside vLLM's processes; the engine is
 ``vllm.LLM`` in a Ray actor, as RL frameworks run it. After each step the trainer sends its
-``named_parameters()`` under its own names and in fp32:
+parameters in the checkpoint's names and layout (``Trainer.named_parameters``) and in fp32:
 - ``trainer_steps``: through the iterator path, ``reload_weights(weights_iterator=...)`` inside
   the worker (the tensors travel as the call's arguments);
 - ``trainer_steps_gloo``: through vLLM's weight-transfer API and the harness's gloo backend

@@ -208,3 +208,29 @@ def test_a_pre_quantized_checkpoint_gets_no_trainer_and_nothing_is_trained(tmp_p
     (a / "config.json").write_text(json.dumps({"architectures": ["X"], "quantization_config": KV_FP8_CONFIG}))
     with pytest.raises(pytest.fail.Exception, match="was trained"):
         trainer.trainer_steps(str(a), TrainerSpec(), ((1, 2, 3),), 2, cache=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("label", ("qwen3-moe", "mixtral", "nemotron-h", "qwen3-fp8kv"))
+def test_the_trainer_sends_and_saves_the_checkpoints_layout(tmp_path, label):
+    """transformers 5 converts these checkpoints as it loads them (fused experts, renamed
+    modules) and keeps the KV scales beside the weights: what the trainer sends must be what it
+    saves, in A's names, and the saved step keeps A's KV-scale config for vLLM to load them."""
+    pytest.importorskip("transformers")
+    import json
+
+    from harness import safetensors_files
+    from harness.checkpoints.zoo import tiny_model
+    from harness.machinery.trainer import Trainer
+    from harness.spec.prompts import shared_prefix_prompts
+
+    a = tiny_model(label)
+    trainer = Trainer(str(a), TrainerSpec(), shared_prefix_prompts(512)[:1])
+    trainer.step()
+    trainer.save(tmp_path / "T1")
+    trainer.verify(str(tmp_path / "T1"))  # every sent tensor is present, bit for bit
+    sent = {n for n, _ in trainer.named_parameters()}
+    in_a = {n for n, _ in safetensors_files.tensors(safetensors_files.files(str(a)))}
+    assert sent == in_a - {"lm_head.weight"} or sent == in_a, sorted(sent ^ in_a)[:6]
+    source = json.loads((a / "config.json").read_text())
+    saved = json.loads((tmp_path / "T1" / "config.json").read_text())
+    assert saved.get("quantization_config") == source.get("quantization_config")
