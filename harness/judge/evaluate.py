@@ -202,6 +202,7 @@ def evaluate(out: Path, path_for: PathLookup) -> Evaluation:
                 cls.sabotage_evidence,
                 control,
                 _packed_mapping(subject),
+                policy=record.spec.judge,
             )
             verdict = with_sabotage(verdict, outcome)
         if record.spec.expected_census:
@@ -381,6 +382,8 @@ def trainer_step_verdicts(
         twin = replace(
             compared(owner, view, steps + 1, ("warm_B",)), path=sabotaged_twin(step_verdict_name(path, steps + 1))
         )
-        outcome = judge_sabotage(twin, judge(twin, policy, fail_on_rebound), sabotage, "tensor", control, packed)
+        outcome = judge_sabotage(
+            twin, judge(twin, policy, fail_on_rebound), sabotage, "tensor", control, packed, policy=policy
+        )
     verdicts = [with_sabotage(judge(c, policy, fail_on_rebound, known=known), outcome) for c in comparisons]
     return comparisons + ([twin] if twin is not None else []), verdicts

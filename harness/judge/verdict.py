@@ -365,20 +365,22 @@ def judge_sabotage(
     evidence: SabotageEvidence,
     planted: str | None,
     packed_modules_mapping: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    *,
+    policy: JudgePolicy,
 ) -> SabotageOutcome:
     """Was the sabotaged twin caught, with the evidence its sabotage plants? ``verdict`` is
-    the twin's own verdict (judged without known issues: the twin must fail on its own)."""
+    the twin's own verdict (judged without known issues: the twin must fail on its own, by
+    ``policy``'s tolerances)."""
     failing: list[TensorDiff | ConsumedDiff] = [
         d for d in twin.tensors if d.check == "refit" and d.status in FAILING_STATUSES
     ]
     failing += [d for d in twin.consumed if d.status in FAILING_STATUSES]
     if evidence == "tokens":
-        diverged = [d for d in twin.tokens if d.check == "refit" and d.first_divergence is not None]
-        found = (
-            f"prompt {diverged[0].prompt} diverges from cold B at token {diverged[0].first_divergence}"
-            if diverged
-            else None
-        )
+        # The outputs after the refit, by the verdict's own tests: greedy tokens diverging beyond
+        # the noise floor or, where the planted state moves no greedy token (stale KV of a small
+        # model in fp16), logprobs beyond the tolerance.
+        moved = _token_reasons(tuple(d for d in twin.tokens if d.check in ("refit", "noise")), policy)
+        found = moved[0] if moved else None
     elif evidence == "encoder_cache":
         stale = twin.encoder_cache.stale if twin.encoder_cache else ()
         found = f"{len(stale)} image embedding(s) served after the refit differ from cold B's" if stale else None
@@ -394,7 +396,7 @@ def judge_sabotage(
         detail = f"caught: {found}"
     elif verdict.status is VerdictStatus.FAIL:
         detail = (
-            f"the twin failed, but not with what its sabotage plants ({'a token divergence' if evidence == 'tokens' else planted}):"
+            f"the twin failed, but not with what its sabotage plants ({'outputs that differ from cold B' if evidence == 'tokens' else planted}):"
             f" {verdict.reasons[0] if verdict.reasons else 'no reason'}"
         )
     else:

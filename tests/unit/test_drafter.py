@@ -57,12 +57,14 @@ def test_an_acceptance_rate_two_cold_starts_disagree_on_is_no_evidence():
 def test_the_twin_of_a_drafter_refit_is_caught_only_by_a_drafter_tensor():
     left_behind = comparison(warm_drafts=(1, 48), warm_b={**B, DRAFTER_PREFIX + "norm": "a-dn"})
     outcome = judge_sabotage(
-        left_behind, judge(left_behind, POLICY, False), "drafter skipped", "drafter", None, QWEN_PACKED
+        left_behind, judge(left_behind, POLICY, False), "drafter skipped", "drafter", None, QWEN_PACKED, policy=POLICY
     )
     assert outcome.caught and outcome.detail == f"caught: {DRAFTER_PREFIX}norm STALE", outcome
     # The target left behind instead: a FAIL, but not with what skipping the drafter plants.
     target = comparison(warm_drafts=ALL_ACCEPTED, warm_b={**DRAFTED_B, "norm": "a-n"})
-    missed = judge_sabotage(target, judge(target, POLICY, False), "drafter skipped", "drafter", None, QWEN_PACKED)
+    missed = judge_sabotage(
+        target, judge(target, POLICY, False), "drafter skipped", "drafter", None, QWEN_PACKED, policy=POLICY
+    )
     assert missed.verdict is VerdictStatus.FAIL and not missed.caught, missed
 
 

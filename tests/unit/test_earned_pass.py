@@ -175,7 +175,9 @@ def twin_arm(warm_b, outputs_b=None):
 
 def sabotage_outcome(subj, evidence="tensor", planted="q_proj.weight"):
     twin = compared(subj, "p~sabotage", TWIN)
-    return judge_sabotage(twin, judge(twin, POLICY, False), "left q_proj out", evidence, planted, QWEN_PACKED)
+    return judge_sabotage(
+        twin, judge(twin, POLICY, False), "left q_proj out", evidence, planted, QWEN_PACKED, policy=POLICY
+    )
 
 
 def test_a_caught_sabotage_names_the_planted_tensor_and_keeps_the_pass():
@@ -203,8 +205,18 @@ def test_a_twin_failing_elsewhere_than_it_planted_is_not_caught():
 def test_a_token_evidence_sabotage_is_caught_by_a_divergence():
     stale_kv = twin_arm(B, outputs_b=[output(0, (1, 9, 9))])
     outcome = sabotage_outcome(stale_kv, evidence="tokens", planted=None)
-    assert outcome.caught and outcome.detail == "caught: prompt 0 diverges from cold B at token 1"
+    assert outcome.caught and outcome.detail.startswith("caught: prompt 0 (refit) diverges at token 1: "), outcome
     assert not sabotage_outcome(twin_arm(B), evidence="tokens", planted=None).caught
+
+
+def test_a_token_evidence_sabotage_that_moves_only_logprobs_is_caught_beyond_the_tolerance():
+    """Stale KV in a small fp16 model can move the logprobs and no greedy token (measured on the
+    tied zoo families): beyond the tolerance that is the outputs differing; within it, nothing."""
+    moved = sabotage_outcome(twin_arm(B, outputs_b=[output(0, (1, 2, 3), -1.02)]), evidence="tokens", planted=None)
+    assert moved.caught and "logprobs differ by 0.02 > tolerance" in moved.detail, moved
+    within = -1.0 - POLICY.logprob_atol / 2
+    missed = sabotage_outcome(twin_arm(B, outputs_b=[output(0, (1, 2, 3), within)]), evidence="tokens", planted=None)
+    assert not missed.caught and missed.verdict is not VerdictStatus.FAIL, missed
 
 
 def test_a_failing_path_keeps_its_fail_whatever_its_twin():

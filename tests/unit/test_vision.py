@@ -66,7 +66,9 @@ def test_an_image_two_cold_starts_embed_differently_is_no_evidence():
 
 def test_the_twin_of_encoder_cache_is_caught_only_by_a_stale_embedding():
     left = comparison(EMBEDDED_BY_A, kept=2)
-    outcome = judge_sabotage(left, judge(left, POLICY, False), "no reset", "encoder_cache", None, QWEN_PACKED)
+    outcome = judge_sabotage(
+        left, judge(left, POLICY, False), "no reset", "encoder_cache", None, QWEN_PACKED, policy=POLICY
+    )
     assert (
         outcome.caught and outcome.detail == "caught: 2 image embedding(s) served after the refit differ from cold B's"
     )
@@ -80,7 +82,9 @@ def test_the_twin_of_encoder_cache_is_caught_only_by_a_stale_embedding():
         POLICY.logprob_atol,
         EXPECTED,
     )
-    missed = judge_sabotage(weights, judge(weights, POLICY, False), "no reset", "encoder_cache", None, QWEN_PACKED)
+    missed = judge_sabotage(
+        weights, judge(weights, POLICY, False), "no reset", "encoder_cache", None, QWEN_PACKED, policy=POLICY
+    )
     assert missed.verdict is VerdictStatus.FAIL and not missed.caught, missed
 
 
