@@ -3,6 +3,7 @@ bugs that each detector must catch, and their fixed twins that must pass."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -124,9 +125,11 @@ def test_every_cpu_path_catches_its_sabotaged_twin_while_it_passes_itself(stock)
         so = paths[name]["sabotage"]
         assert so["twin_verdict"] == "FAIL" and so["caught"], (name, so)
         if name == "prefix_cache":  # stale KV is no tensor: the tokens must show it
-            assert so["evidence"] == "tokens" and "diverges from cold B at token" in so["detail"], so
+            assert so["evidence"] == "tokens" and re.match(
+                r"caught: prompt \d+ \(refit\) diverges at token", so["detail"]
+            ), so
         elif name == "http_dp_reload":  # rank 1 is left at A, and the census only hears rank 0
-            assert so["evidence"] == "tokens" and so["detail"].startswith("caught: prompt 1 diverges"), so
+            assert so["evidence"] == "tokens" and so["detail"].startswith("caught: prompt 1 (refit) diverges"), so
         else:
             assert so["detail"].startswith(f"caught: {control} "), (name, so)
     twins = rows(stock, "tensors.csv", check="refit", tensor=control)
