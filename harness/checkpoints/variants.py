@@ -11,6 +11,20 @@ from pathlib import Path
 from harness.settings import DEFAULT_CACHE
 
 KV_SCHEME = {"type": "float", "num_bits": 8, "strategy": "tensor", "symmetric": True, "dynamic": False}
+"""An fp8, per-tensor, static KV-cache scheme (compressed-tensors)."""
+KV_FP8_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "dense",
+    "quantization_status": "compressed",
+    "config_groups": {},
+    "kv_cache_scheme": KV_SCHEME,
+    "ignore": ["lm_head"],
+}
+"""config.json's ``quantization_config`` of a checkpoint with fp8 KV-cache scales and float weights:
+vLLM 0.32 loads per-tensor ``k_scale``/``v_scale`` through ``CompressedTensorsKVCacheMethod`` (in
+float32, in every model dtype), and an fp8 cache reads them (``_k_scale_float``/``_v_scale_float``
+in the CPU attention backend). Measured here: an ``fp8`` ``quantization_config`` with every linear
+layer ignored loads them too, but vLLM refuses it in float32."""
 
 
 def fp8_kv_scales(base: Path, cache: Path = DEFAULT_CACHE) -> Path:
@@ -35,14 +49,7 @@ def fp8_kv_scales(base: Path, cache: Path = DEFAULT_CACHE) -> Path:
         tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(0.05 * (i + 1), dtype=torch.float32)
         tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(0.04 * (i + 1), dtype=torch.float32)
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "dense",
-        "quantization_status": "compressed",
-        "config_groups": {},
-        "kv_cache_scheme": KV_SCHEME,
-        "ignore": ["lm_head"],
-    }
+    cfg["quantization_config"] = KV_FP8_CONFIG
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)

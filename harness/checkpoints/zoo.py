@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.cache import cached_variant
+from harness.checkpoints.variants import KV_FP8_CONFIG
 from harness.settings import DEFAULT_CACHE
 from harness.spec.engine_config import EngineArgs, encode
 
@@ -363,20 +364,6 @@ TIED_FAMILIES: tuple[Family, ...] = tuple(f.tied() for f in FAMILIES if f.dense)
 """A tied-embedding variant of each dense family (``tie_word_embeddings=true``): what most small
 models RL teams train do (Qwen3-0.6B to 4B, Llama-3.2-1B/3B, Qwen2.5-0.5B to 3B)."""
 
-_KV_CACHE_SCHEME = {"type": "float", "num_bits": 8, "strategy": "tensor", "symmetric": True, "dynamic": False}
-KV_FP8_CONFIG = {
-    "quant_method": "compressed-tensors",
-    "format": "dense",
-    "quantization_status": "compressed",
-    "config_groups": {},
-    "kv_cache_scheme": _KV_CACHE_SCHEME,
-    "ignore": ["lm_head"],
-}
-"""config.json's ``quantization_config`` of a checkpoint with fp8 KV-cache scales and float weights:
-vLLM 0.32 loads per-tensor ``k_scale``/``v_scale`` through ``CompressedTensorsKVCacheMethod`` (in
-float32, in every model dtype), and an fp8 cache reads them (``_k_scale_float``/``_v_scale_float``
-in the CPU attention backend). Measured here: an ``fp8`` ``quantization_config`` with every linear
-layer ignored loads them too, but vLLM refuses it in float32."""
 
 _QWEN3 = next(f for f in FAMILIES if f.label == "qwen3")
 KV_FAMILIES: tuple[Family, ...] = (

@@ -203,7 +203,7 @@ def test_a_pre_quantized_checkpoint_gets_no_trainer_and_nothing_is_trained(tmp_p
     with pytest.raises(CheckpointError, match=r"pre-quantized \(compressed-tensors/float/channel\)"):
         trainer.trainer_steps(str(a), TrainerSpec(), ((1, 2, 3),), 2, cache=tmp_path / "cache")
     # KV-cache scales alone (the zoo's fp8-KV family) leave the weights float: it is trained.
-    from harness.checkpoints.zoo import KV_FP8_CONFIG
+    from harness.checkpoints.variants import KV_FP8_CONFIG
 
     (a / "config.json").write_text(json.dumps({"architectures": ["X"], "quantization_config": KV_FP8_CONFIG}))
     with pytest.raises(pytest.fail.Exception, match="was trained"):
