@@ -472,13 +472,16 @@ def describe_quantization(qconfig: dict | None) -> str | None:
     """A short name for a checkpoint's quantization, for known issues scoped on the format before
     any engine ran: ``<quant_method>/<weight type>/<weight strategy>``, e.g.
     ``compressed-tensors/float/block``, ``compressed-tensors/int/channel``, ``gptq/int/group``,
-    ``fp8/float/block``; None for a float checkpoint."""
+    ``fp8/float/block``, ``compressed-tensors/kv-cache`` (KV-cache scales beside float weights);
+    None for a float checkpoint."""
     if not qconfig:
         return None
     method = str(qconfig.get("quant_method", "")).lower()
     if method == "compressed-tensors":
         groups = [g.get("weights") or {} for g in (qconfig.get("config_groups") or {}).values()]
         weights = next((w for w in groups if w), {})
+        if not weights and qconfig.get("kv_cache_scheme"):
+            return f"{method}/kv-cache"  # float weights; only the KV cache's scales
         return f"{method}/{weights.get('type', '?')}/{weights.get('strategy', '?')}"
     if method in ("gptq", "awq", "auto_gptq", "auto_awq", "gptq_marlin", "awq_marlin"):
         return f"{method}/int/{'channel' if qconfig.get('group_size', -1) == -1 else 'group'}"

@@ -255,6 +255,7 @@ def test_the_control_of_a_quantized_checkpoint_is_a_scale_its_kernel_reads(writt
 
 def test_a_checkpoints_quantization_is_described_for_known_issues(written):
     from harness.checkpoints.quantize import describe_quantization
+    from harness.checkpoints.variants import KV_FP8_CONFIG
 
     names = {fmt: describe_quantization(quantization_config(d)) for fmt, d in written.items()}
     assert names["fp8-block"] == "compressed-tensors/float/block"
@@ -263,6 +264,8 @@ def test_a_checkpoints_quantization_is_described_for_known_issues(written):
     assert describe_quantization(None) is None and describe_quantization(
         {"quant_method": "fp8", "weight_block_size": [128, 128]}
     ) == ("fp8/float/block")
+    # Float weights with only the KV cache's scales: their own scope, not "?/?".
+    assert describe_quantization(KV_FP8_CONFIG) == "compressed-tensors/kv-cache"
 
 
 def test_every_format_is_registered():
