@@ -233,8 +233,10 @@ def _cpu_fused_moe_reload(
     architectures: tuple[str, ...],
     title: str,
     reason: str,
-    # And the drafter's reload (measured on Qwen3-MoE with --draft-tokens: the drafter's experts too).
-    paths: tuple[str, ...] = (*MEASURED_MOE_PATHS, "reload_weights_drafter"),
+    # And the drafter's reload (measured on Qwen3-MoE with --draft-tokens: the drafter's experts
+    # too), and the live refits (measured on vLLM 0.32 in bf16 and fp16, once the trainer sent
+    # transformers 5's checkpoint layout: the same CORRUPT w13_weight).
+    paths: tuple[str, ...] = (*MEASURED_MOE_PATHS, *LIVE_REFIT_PATHS, "reload_weights_drafter"),
 ) -> KnownIssue:
     """The CPU fused-MoE reload bug, scoped to expert tensors of any census kind."""
     return KnownIssue(
@@ -583,7 +585,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # DeepSeek-V3 is the same vLLM code (DeepseekV2MoE) with the noaux_tc router.
         architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
         # DeepSeek-V2's kernel-format snapshot cannot be saved at all (the next entry).
-        paths=tuple(p for p in MEASURED_MOE_PATHS if p != "reload_kernel_format"),
+        paths=tuple(p for p in (*MEASURED_MOE_PATHS, *LIVE_REFIT_PATHS) if p != "reload_kernel_format"),
         title="CPU fused MoE: expert weights are corrupted by reload_weights (DeepSeek-V2)",
         reason="The same CPU fused-MoE reload bug on the routed experts of DeepSeek-V2 (grouped top-k router, MLA "
         "attention): after reload_weights, experts.w13_weight / w2_weight equal neither checkpoint, while the "
@@ -609,7 +611,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device="cpu",
         vllm=("==0.32.*",),
         architectures=("Mamba2ForCausalLM", "NemotronHForCausalLM", "GraniteMoeHybridForCausalLM"),
-        paths=IN_PLACE_PATHS,
+        # The live refits too (measured: GraniteMoeHybrid's trainer steps, AVX512-BF16 EPYC).
+        paths=(*IN_PLACE_PATHS, *LIVE_REFIT_PATHS),
         dtypes=("bfloat16",),
         # vLLM prepacks the causal-conv1d weight where torch says avx512_bf16 (x86) or bf16 (aarch64).
         cpu_capabilities=("avx512_bf16", "bf16"),
