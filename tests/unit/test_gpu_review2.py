@@ -76,6 +76,9 @@ DEVICE_SCOPED: dict[str, str] = {
     ),
     "CPU: the sharded-state saver skips the empty linear Parameters of bf16 oneDNN kernels, so the state "
     "cannot be loaded (AVX-512)": f"{CPU_KERNELS}: the CPU backend empties bf16 oneDNN linears' Parameters",
+    "A dummy start with an fp8 KV cache cannot generate: the dummy loader makes the KV scales negative": (
+        f"{CPU_KERNELS}: the CPU attention kernel's k_scale check raises (cpu_attn_reshape_and_cache)"
+    ),
 }
 """Every known issue whose scope names a device, by title, with why its cause lives in that
 device's code. A known issue measured on one device whose cause is device-independent (the
