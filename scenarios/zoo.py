@@ -7,9 +7,11 @@ dtype x path verdict grid.
 Beside the stock families: a vision-language family whose prompts carry generated images
 (``idefics3``, with path ``encoder_cache``), a tied-embedding variant of each dense one (``<family>-tied``), and
 a Qwen3 with checkpoint KV-cache scales run with an fp8 KV cache (``qwen3-fp8kv``, its engine
-arguments come with the family)."""
+arguments come with the family). Each attention family runs again with a speculative-decoding
+drafter of its own checkpoint (``DRAFTER_PATHS``)."""
 
 from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES, VISION_FAMILIES
+from harness.spec.engine_config import EngineConfig
 from harness.spec.scenario import ModelRef, ScenarioSpec
 from scenarios.default import CPU_PATHS
 
@@ -20,6 +22,17 @@ VISION_PATHS = ("encoder_cache",)
 on the text ones."""
 ZOO_FAMILIES = FAMILIES + VISION_FAMILIES + TIED_FAMILIES + KV_FAMILIES
 ZOO_MODELS = tuple(ModelRef(label=f.label, builder=f"zoo:{f.label}", engine_args=f.engine_args) for f in ZOO_FAMILIES)
+SSM_FAMILIES = ("mamba2", "nemotron-h", "granitemoe-hybrid")
+"""Families with Mamba layers: vLLM's draft_model proposer drafts with attention layers' KV cache only."""
+DRAFTER_PATHS = ("reload_weights", "reload_weights_drafter")
+"""The drafter cells' paths (issue 35): each family again with a ``draft_model`` drafter of its own
+checkpoint drafting 2 tokens. ``reload_weights`` leaves the drafter at A (a known issue, caught by
+the drafter's tensors and its acceptance rate); ``reload_weights_drafter`` refits it too."""
+DRAFTER_MODELS = tuple(f.label for f in FAMILIES + VISION_FAMILIES if f.label not in SSM_FAMILIES)
+ZOO_ENGINE_CONFIGS = (
+    EngineConfig(paths=CPU_PATHS + VISION_PATHS),
+    EngineConfig(label="drafter", models=DRAFTER_MODELS, draft_tokens=2, paths=DRAFTER_PATHS),
+)
 
 
 def zoo() -> ScenarioSpec:
@@ -29,7 +42,8 @@ def zoo() -> ScenarioSpec:
         f"{len(TIED_FAMILIES)} tied-embedding variants and an fp8 KV cache with checkpoint scales x every CPU path, "
         "bf16 and fp16",
         models=ZOO_MODELS,
-        paths=CPU_PATHS + VISION_PATHS,
+        engine_configs=ZOO_ENGINE_CONFIGS,
+        paths=CPU_PATHS + VISION_PATHS + ("reload_weights_drafter",),
         dtypes=ZOO_DTYPES,
     )
 

@@ -102,6 +102,22 @@ def test_the_zoo_runs_tied_variants_of_the_dense_families_and_the_fp8_kv_family(
     assert all(models[f.label].engine_args == () for f in FAMILIES + TIED_FAMILIES)
 
 
+def test_the_zoo_drafts_with_the_attention_families_on_the_drafter_paths_only():
+    from harness.checkpoints.zoo import FAMILIES, VISION_FAMILIES
+    from scenarios.zoo import DRAFTER_PATHS, SSM_FAMILIES, zoo
+
+    groups = expand(zoo())
+    drafted = {g.id: g.spec for g in groups if g.spec.engine.draft_tokens}
+    labels = {i.split("-drafter-")[0] for i in drafted}
+    # vLLM's draft_model proposer drafts through attention layers' KV cache: no Mamba family.
+    assert labels == {f.label for f in FAMILIES + VISION_FAMILIES} - set(SSM_FAMILIES)
+    assert set(SSM_FAMILIES) <= {f.label for f in FAMILIES}  # no stale label hides a family
+    assert {spec.paths for spec in drafted.values()} == {DRAFTER_PATHS}
+    assert {spec.engine.draft_tokens for spec in drafted.values()} == {2}
+    # The other cells never run the drafter's path.
+    assert not any("reload_weights_drafter" in g.spec.paths for g in groups if not g.spec.engine.draft_tokens)
+
+
 @pytest.mark.parametrize("label", ["qwen3-tied", "gemma3-tied"])
 def test_a_tied_checkpoint_has_no_lm_head_on_disk_and_its_b_moves_the_embedding(tmp_path, label):
     from harness.checkpoints.derived import perturbed
