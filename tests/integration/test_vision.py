@@ -21,12 +21,17 @@ import json
 import pytest
 
 from harness.arm.images import image_uuid
+from harness.cpu_isa import host_capabilities, override_from_env
 from harness.judge.evaluate import evaluate
 from harness.paths import PATHS
 
 pytestmark = [pytest.mark.cpu]
 GROUP = "idefics3-eager-tp1-bf16"
 PATHS_RUN = ("reload_weights", "transfer_gloo", "encoder_cache", "http_reload")
+# On AMX, vLLM runs the vision tower's small bf16 linears in SGL kernels with float32 biases, and a
+# refit copies the checkpoint's float32 biases unrounded (the AMX linear-bias known issue).
+AMX_BIAS = "amx_tile" in host_capabilities(override_from_env()).flags
+BIAS_TENSOR = r"(\.bias|\.<kernel-output\+bias>)$"
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +60,24 @@ def test_a_weight_update_serves_the_old_vision_towers_embeddings(vision):
     assert "the refit left 2 entries in it" in stale[0], stale
     tensors = vision.csv(f"{GROUP}/tensors.csv")
     refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "transfer_gloo")]
+    if AMX_BIAS:  # the vision tower's biases, and nothing else
+        biases = refit["tensor"].str.contains(BIAS_TENSOR)
+        assert set(refit[biases]["status"]) == {"CORRUPT"}, refit[biases].to_string()
+        refit = refit[~biases]
     assert not {"STALE", "CORRUPT", "MISSING"} & set(refit["status"]), refit[refit["status"] != "OK"].to_string()
 
 
 def test_the_update_with_the_reset_passes_its_twin_caught_and_the_vision_tower_judged(vision):
     path = paths(vision)["encoder_cache"]
-    assert path["verdict"] == "PASS", path["reasons"]
     assert path["sabotage"]["evidence"] == "encoder_cache" and path["sabotage"]["caught"], path["sabotage"]
-    assert (
-        "encoder cache: the refit emptied it; the 2 image embedding(s) served after it equal cold B's"
-        in (path["notes"])
-    ), path["notes"]
+    if AMX_BIAS:  # the reset works, but the refit tower's unrounded biases embed differently from cold B's
+        assert path["verdict"] == "XFAIL" and any("SGL kernel's float32 bias" in k for k in path["known_issues"]), path
+    else:
+        assert path["verdict"] == "PASS", path["reasons"]
+        assert (
+            "encoder cache: the refit emptied it; the 2 image embedding(s) served after it equal cold B's"
+            in (path["notes"])
+        ), path["notes"]
     tensors = vision.csv(f"{GROUP}/tensors.csv")
     refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "encoder_cache")]
     tower = refit[refit["tensor"].str.startswith("model.vision_model.")]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -42,7 +43,7 @@ CONV_PREPACKED = bool(FLAGS & {"avx512_bf16", "bf16"})  # causal-conv1d weights 
 PACKED_GEMM = bool(FLAGS & {"avx512_f", "amx_tile"})  # bf16 linears in oneDNN (AVX-512) or SGL (AMX) kernels
 AMX = "amx_tile" in FLAGS  # SGL kernels (float32 biases), the AMX MLA backend
 MAMBA_CONV = ("mamba2", "nemotron-h", "granitemoe-hybrid")  # MambaMixer2.conv_weights STALE where prepacked
-BIASED = ("qwen2",)  # linear biases, made float32 by the SGL kernel on AMX
+BIASED = ("qwen2", "gpt-oss")  # linear biases, made float32 by the SGL kernel on AMX
 
 
 def expected_reload_weights(label: str) -> str:
@@ -212,6 +213,11 @@ def test_gpt_oss_sinks_and_experts_left_at_a_by_its_loader_are_a_known_issue_of_
     assert len(sinks) == 2 and {r["status"] for r in sinks} == {"STALE"}, sinks
     assert experts and {r["status"] for r in experts} == {"STALE"}, experts
     others = [r for r in failing if r not in sinks + experts and not r["tensor"].endswith(".attn.attn.impl.sinks")]
+    if AMX:  # the attention's biases, unrounded in the SGL kernel (the AMX linear-bias issue, credited too)
+        biases = [r for r in others if re.search(r"(\.bias|\.<kernel-output\+bias>)$", r["tensor"])]
+        assert biases and {r["status"] for r in biases} == {"CORRUPT"}, biases
+        assert any("SGL kernel's float32 bias" in k for k in p["known_issues"]), p["known_issues"]
+        others = [r for r in others if r not in biases]
     assert not others, others
     assert p["sabotage"]["caught"], p["sabotage"]
 
