@@ -23,12 +23,18 @@ on the text ones."""
 ZOO_FAMILIES = FAMILIES + VISION_FAMILIES + TIED_FAMILIES + KV_FAMILIES
 ZOO_MODELS = tuple(ModelRef(label=f.label, builder=f"zoo:{f.label}", engine_args=f.engine_args) for f in ZOO_FAMILIES)
 SSM_FAMILIES = ("mamba2", "nemotron-h", "granitemoe-hybrid")
-"""Families with Mamba layers: vLLM's draft_model proposer drafts with attention layers' KV cache only."""
+"""Families with Mamba layers, left out of the drafter cells: with a draft_model drafter vLLM 0.32
+raises a bare ``assert is_prefilling is not None`` (mamba_attn.py) at the first forward (measured on
+mamba2, docs/paths.md), which no harness can read as a refusal."""
 DRAFTER_PATHS = ("reload_weights", "reload_weights_drafter")
 """The drafter cells' paths (issue 35): each family again with a ``draft_model`` drafter of its own
-checkpoint drafting 2 tokens. ``reload_weights`` leaves the drafter at A (a known issue, caught by
-the drafter's tensors and its acceptance rate); ``reload_weights_drafter`` refits it too."""
-DRAFTER_MODELS = tuple(f.label for f in FAMILIES + VISION_FAMILIES if f.label not in SSM_FAMILIES)
+checkpoint drafting 2 tokens. ``reload_weights`` leaves the drafter at A, a FAIL ("drafter stale",
+by its tensors and its acceptance rate; tokens identical); ``reload_weights_drafter`` refits it too."""
+DRAFTER_MODELS = tuple(f.label for f in FAMILIES if f.label not in SSM_FAMILIES)
+"""The drafter cells' families: the text ones without Mamba layers. Not the vision-language one: vLLM
+0.32's draft_model proposer cannot start with an Idefics3 drafter (``AttributeError: 'Idefics3Config'
+object has no attribute 'image_token_index'``, measured in bf16), an unsupported configuration that
+vLLM does not word as a refusal."""
 ZOO_ENGINE_CONFIGS = (
     EngineConfig(paths=CPU_PATHS + VISION_PATHS),
     EngineConfig(label="drafter", models=DRAFTER_MODELS, draft_tokens=2, paths=DRAFTER_PATHS),

@@ -672,9 +672,17 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # vision tower (measured in the fresh-clone CI of 2026-12-06, AMX Xeon).
         architectures=("Qwen2ForCausalLM", "GptOssForCausalLM", "Idefics3ForConditionalGeneration"),
         # Measured on every in-place path, and on the RL paths that load a float32 bias into a
-        # live engine (-s rl-paths, 2026-12-01); encoder_cache is transfer_gloo with a reset.
+        # live engine (-s rl-paths, 2026-12-01); encoder_cache is transfer_gloo with a reset, and
+        # the zoo's drafter cell refits the target with reload_weights (Qwen2, the drafter's biases too).
         paths=IN_PLACE_PATHS
-        + ("http_weight_transfer", "trainer_steps", "trainer_steps_gloo", "lora_base_reload", "encoder_cache"),
+        + (
+            "http_weight_transfer",
+            "trainer_steps",
+            "trainer_steps_gloo",
+            "lora_base_reload",
+            "encoder_cache",
+            "reload_weights_drafter",
+        ),
         dtypes=("bfloat16",),
         # The SGL kernel (and its float32 bias) is taken only where torch says amx_tile.
         cpu_capabilities=("amx_tile",),
@@ -699,7 +707,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device="cpu",
         vllm=("==0.32.*",),
         architectures=("DeepseekV2ForCausalLM",),
-        paths=MEASURED_MOE_PATHS,
+        # And the drafter cell's reload_weights_drafter (its target's reload raises first; AMX Xeon).
+        paths=(*MEASURED_MOE_PATHS, "reload_weights_drafter"),
         dtypes=("bfloat16",),
         # The AMX MLA backend is taken only where torch says amx_tile (platforms/cpu.py:254).
         cpu_capabilities=("amx_tile",),

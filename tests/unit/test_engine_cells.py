@@ -109,8 +109,9 @@ def test_the_zoo_drafts_with_the_attention_families_on_the_drafter_paths_only():
     groups = expand(zoo())
     drafted = {g.id: g.spec for g in groups if g.spec.engine.draft_tokens}
     labels = {i.split("-drafter-")[0] for i in drafted}
-    # vLLM's draft_model proposer drafts through attention layers' KV cache: no Mamba family.
-    assert labels == {f.label for f in FAMILIES + VISION_FAMILIES} - set(SSM_FAMILIES)
+    # vLLM 0.32 cannot draft for a model with Mamba layers (a bare assertion): no SSM family.
+    assert labels == {f.label for f in FAMILIES} - set(SSM_FAMILIES)
+    assert not labels & {f.label for f in VISION_FAMILIES}  # vLLM cannot start an Idefics3 drafter
     assert set(SSM_FAMILIES) <= {f.label for f in FAMILIES}  # no stale label hides a family
     assert {spec.paths for spec in drafted.values()} == {DRAFTER_PATHS}
     assert {spec.engine.draft_tokens for spec in drafted.values()} == {2}
