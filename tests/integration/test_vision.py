@@ -62,7 +62,7 @@ def test_a_weight_update_serves_the_old_vision_towers_embeddings(vision):
     refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "transfer_gloo")]
     if AMX_BIAS:  # the vision tower's biases, and nothing else
         biases = refit["tensor"].str.contains(BIAS_TENSOR)
-        assert set(refit[biases]["status"]) == {"CORRUPT"}, refit[biases].to_string()
+        assert "CORRUPT" in set(refit[biases]["status"]) <= {"OK", "CORRUPT"}, refit[biases].to_string()
         refit = refit[~biases]
     assert not {"STALE", "CORRUPT", "MISSING"} & set(refit["status"]), refit[refit["status"] != "OK"].to_string()
 
