@@ -8,7 +8,7 @@ import tempfile
 
 from harness.paths import reload_path
 from harness.paths.base import Engine, ReloadPath, scratch_root
-from harness.spec.known_issues import KnownIssue
+from harness.spec.known_issues import KV_CACHE_ONLY, KnownIssue
 from harness.spec.requirements import RefitTarget
 
 
@@ -140,7 +140,7 @@ class ReloadKernelFormat(ReloadPath):
             device=None,
             vllm=("==0.32.*",),
             # Checkpoint KV scales (elsewhere they stay 1.0 on both sides), which an fp8 cache reads.
-            quantization=("compressed-tensors/kv-cache",),
+            quantization=(KV_CACHE_ONLY,),
             engine_settings=(("kv_cache_dtype", "fp8"),),
             tensor_kinds=("buffer", "attribute", "number"),
             tensor_pattern=r"\.attn\._(k|v|q|prob)_scale(_cpu|_float)?$",

