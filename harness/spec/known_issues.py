@@ -685,9 +685,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         quantization=(UNQUANTIZED, KV_CACHE_ONLY),
         # Measured on every in-place path, and on the RL paths that load a float32 bias into a
         # live engine (-s rl-paths, 2026-12-01); encoder_cache is transfer_gloo with a reset, and
-        # the zoo's drafter cell refits the target with reload_weights (Qwen2, the drafter's biases too).
+        # the zoo's drafter cell refits the target with reload_weights (Qwen2, the drafter's biases too);
+        # prefix_cache is reload_weights with a cache reset (the bf16 zoo on AMX, 2026-12-06).
         paths=IN_PLACE_PATHS
         + (
+            "prefix_cache",
             "http_weight_transfer",
             "trainer_steps",
             "trainer_steps_gloo",
