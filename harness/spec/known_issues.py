@@ -721,8 +721,10 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         device="cpu",
         vllm=("==0.32.*",),
         architectures=("DeepseekV2ForCausalLM",),
-        # And the drafter cell's reload_weights_drafter (its target's reload raises first; AMX Xeon).
-        paths=(*MEASURED_MOE_PATHS, "reload_weights_drafter"),
+        # And the drafter cell's reload_weights_drafter (its target's reload raises first; AMX Xeon),
+        # the live trainer's refits, and sharded_state, which reloads B before it saves (the bf16
+        # zoo on AMX, 2026-12-06: the same error in vLLM's words).
+        paths=(*MEASURED_MOE_PATHS, *LIVE_REFIT_PATHS, "sharded_state", "reload_weights_drafter"),
         dtypes=("bfloat16",),
         # The AMX MLA backend is taken only where torch says amx_tile (platforms/cpu.py:254).
         cpu_capabilities=("amx_tile",),
