@@ -725,7 +725,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         # the live trainer's refits, and sharded_state, which reloads B before it saves (the bf16
         # zoo on AMX, 2026-12-06: the same error in vLLM's words).
         paths=(*MEASURED_MOE_PATHS, *LIVE_REFIT_PATHS, "sharded_state", "reload_weights_drafter"),
-        dtypes=("bfloat16",),
+        # The AMX MLA backend is chosen whatever the dtype (measured in fp16 on the drafter cell).
+        dtypes=("bfloat16", "float16"),
         # The AMX MLA backend is taken only where torch says amx_tile (platforms/cpu.py:254).
         cpu_capabilities=("amx_tile",),
         error_contains="The size of tensor a (0) must match the size of tensor b",
