@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +40,10 @@ from harness import loopback, safetensors_files
 from harness.worker import vllm_compat
 
 _TIMEOUT = timedelta(seconds=300)
+_FIRST_POLL_S = 0.0005
+_LAST_POLL_S = 0.05
+"""How often a sender looks at its receiver while a broadcast is in flight: from a fraction
+of a millisecond (a small tensor's broadcast) up to what a waiting reviewer does not notice."""
 
 
 def store_listener(host: str, port: int = 0) -> socket.socket:
@@ -81,12 +87,26 @@ def _gloo_group(host: str, port: int, rank: int, world_size: int, listen: socket
                 os.environ["GLOO_SOCKET_IFNAME"] = saved
 
 
-def _broadcast(group, tensor: torch.Tensor, root: int = 0) -> None:
+def _broadcast(group, tensor: torch.Tensor, root: int = 0, receiver: Future | None = None) -> None:
+    """Broadcast ``tensor`` from ``root``. ``receiver`` is the RPC in which the receiving side
+    takes part: if it ends in an error while this waits, that error is raised at once. Without
+    it, a sender whose receiver has raised waits out the group's whole timeout and reports
+    only that (measured: 300 s, then gloo's "Timed out waiting ... for send operation")."""
     # The ProcessGroup's own broadcast uses group-local ranks; torch.distributed.broadcast
     # would look up global ranks this stateless group does not have.
     opts = torch.distributed.BroadcastOptions()
     opts.rootRank = root
-    group.broadcast([_on_the_wire(tensor)], opts).wait()
+    work = group.broadcast([_on_the_wire(tensor)], opts)
+    if receiver is None:
+        work.wait()
+        return
+    pause = _FIRST_POLL_S
+    while not work.is_completed():
+        if receiver.done() and receiver.exception() is not None:
+            raise receiver.exception()  # type: ignore[misc]
+        time.sleep(pause)
+        pause = min(2 * pause, _LAST_POLL_S)
+    work.wait()  # raises the broadcast's own error, if it had one
 
 
 def _on_the_wire(tensor: torch.Tensor) -> torch.Tensor:
@@ -167,8 +187,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client, source=None):
-        from concurrent.futures import ThreadPoolExecutor
-
         if source is None:
             raise ValueError("gloo trainer weight transfer requires a WeightSource")
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
@@ -187,8 +205,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         return engine
 
     def send_weights(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         meta = vllm_compat.source_metadata(self.source)
         info = GlooWeightTransferUpdateInfo(
             names=[m.name for m in meta],
@@ -196,11 +212,16 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             shapes=[list(m.shape) for m in meta],
         )
         self.client.start_weight_update()
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
             received = pool.submit(self.client.update_weights, asdict(info))
             for (_, tensor), m in zip(vllm_compat.source_tensors(self.source), meta):
-                _broadcast(self.group, tensor.to(m.dtype).contiguous())
+                _broadcast(self.group, tensor.to(m.dtype).contiguous(), receiver=received)
             received.result()
+        finally:
+            # Not joined: after a failed broadcast the RPC may never return, and the group is
+            # unusable anyway; the caller tears the trainer down.
+            pool.shutdown(wait=False)
         self.client.finish_weight_update()
 
     def shutdown(self) -> None:

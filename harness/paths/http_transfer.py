@@ -67,6 +67,7 @@ class HTTPWeightTransfer(ReloadPath):
         self._in_flight: tuple[InFlightRequest, ...] = ()
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget, exclude: tuple[str, ...] = ()) -> None:
+        import requests
         import requests_unixsocket
 
         from harness.machinery.in_flight import InFlight
@@ -91,7 +92,11 @@ class HTTPWeightTransfer(ReloadPath):
             if server.get_json("/is_paused").get("is_paused") is not True:
                 raise RuntimeError("the server answered /pause but /is_paused says it is not paused")
             self.trainer.source = checkpoint_source(backend, checkpoint_dir, exclude=exclude)
-            self.trainer.send_weights()  # start_weight_update -> update_weights -> finish_weight_update
+            try:
+                self.trainer.send_weights()  # start_weight_update -> update_weights -> finish_weight_update
+            except requests.HTTPError as exc:
+                # vLLM's client raises the status alone; the server's answer carries vLLM's own words.
+                raise RuntimeError(f"{exc}: {exc.response.text[:1000]}") from exc
             flight.mark_resumed()
             server.post("/resume")
             flight.finish(timeout_s=300.0)

@@ -149,3 +149,67 @@ def test_free_ports_are_distinct_loopback_ports_left_unbound():
     for port in [*ports, free_port()]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # raises EADDRINUSE if the picker kept it
+
+
+class _ReceivingClient(_JoiningClient):
+    """The engine's side of a whole update round trip. ``refuse_at``: the index of the tensor
+    whose load raises, as vLLM's ``load_weights`` does mid-stream (the AMX MLA error on
+    DeepSeek-V2); None receives every tensor."""
+
+    def __init__(self, refuse_at: int | None) -> None:
+        super().__init__()
+        self.refuse_at = refuse_at
+        self.received: list = []
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info: dict) -> None:
+        import torch
+
+        from harness.machinery.transfer import _broadcast
+
+        for i, (dtype, shape) in enumerate(zip(update_info["dtype_names"], update_info["shapes"])):
+            if i == self.refuse_at:
+                raise RuntimeError(f"the engine refused tensor {i}")
+            weight = torch.empty(shape, dtype=getattr(torch, dtype))
+            _broadcast(self.group, weight, root=0)
+            self.received.append(weight)
+
+    def finish_weight_update(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("refuse_at", [None, 1], ids=["receives-all", "refuses-mid-stream"])
+def test_the_gloo_sender_reports_its_receivers_error_at_once(refuse_at):
+    """A receiver that raises mid-stream: the trainer's send raises the receiver's own error
+    within seconds. Before, it waited out the group's 300 s timeout and reported gloo's "Timed
+    out waiting ... for send operation", hiding vLLM's words. The twin receives every tensor."""
+    pytest.importorskip("vllm")
+    import time
+
+    import torch
+    from vllm.plugins import load_general_plugins
+
+    from harness.machinery.transfer import TensorSource, _broadcast, trainer_init_info
+    from harness.paths import PATHS
+    from harness.worker.vllm_private import trainer_engine_class
+    from tests.unit.test_transfer_contracts import CHECKPOINTS
+
+    load_general_plugins()
+    tensors = [(f"w{i}", torch.full((3,), float(i))) for i in range(3)]
+    client = _ReceivingClient(refuse_at)
+    fields = PATHS.get("transfer_gloo")(CHECKPOINTS).trainer_fields(world_size=2)
+    trainer = trainer_engine_class("gloo").trainer_init(
+        trainer_init_info("gloo", fields), client=client, source=TensorSource(tensors)
+    )
+    started = time.monotonic()
+    if refuse_at is None:
+        trainer.send_weights()
+        assert [w.tolist() for w in client.received] == [t.tolist() for _, t in tensors]
+        return
+    with pytest.raises(RuntimeError, match=f"the engine refused tensor {refuse_at}"):
+        trainer.send_weights()
+    assert time.monotonic() - started < 30
+    # Complete the sender's orphaned broadcast, so no gloo work outlives the test.
+    _broadcast(client.group, torch.empty(3), root=0)
