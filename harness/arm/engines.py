@@ -15,6 +15,7 @@ import http.client
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,12 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.arm.images import engine_prompts
+from harness.arm.images import SERVED_CHAT_TEMPLATE, chat_content, engine_prompts
 from harness.device import cuda_available
 from harness.plan import ArmPlan
 from harness.records import PromptOutput
 from harness.settings import SCRATCH_ENV
 from harness.spec.checkpoint_set import lora_max_rank
+from harness.spec.prompts import image_split
 from harness.spec.requirements import DATA_PARALLEL_RANK_HEADER, data_parallel_rank
 from harness.spec.run import PromptSpec
 from harness.spec.transfer import RAY_NAMESPACE, TransferLayout, layout
@@ -218,6 +220,11 @@ class EngineBase(ABC):
         None: no drafter, or an engine that does not report them here (``vllm serve``)."""
         return None
 
+    def logged_error(self) -> str | None:
+        """The last exception the engine's own processes logged, where the harness keeps their log
+        apart (``vllm serve``'s): what to say when one of them died. None elsewhere."""
+        return None
+
     def close(self, wait: bool = False) -> None:
         """Shut the engine down; ``wait``: until its processes are gone (before a restart).
         Otherwise the arm's process group is killed right after, which is faster."""
@@ -384,6 +391,26 @@ class HTTPError(RuntimeError):
     """The server answered with an error status."""
 
 
+_LOGGED_EXCEPTION = re.compile(r"\b((?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception): .+)$")
+"""A traceback's last line (``SomeError: what happened``), after any process prefix vLLM adds."""
+
+_CONSEQUENCE = "EngineDeadError"
+"""The front end's word for "the engine core died": a consequence, never the cause."""
+
+
+def server_error_cause(log_path: str, start: int) -> str | None:
+    """The last exception ``vllm serve`` logged from byte ``start`` on that is not the front
+    end's own EngineDeadError: the root cause of an HTTP 500, or None."""
+    with open(log_path, errors="replace") as log:
+        log.seek(start)
+        causes = [
+            m.group(1).strip()
+            for line in log
+            if (m := _LOGGED_EXCEPTION.search(line.rstrip())) and _CONSEQUENCE not in m.group(1)
+        ]
+    return causes[-1][:500] if causes else None
+
+
 NON_FINITE_LOGPROBS = "Out of range float values are not JSON compliant"
 """What ``vllm serve`` answers (HTTP 400) when a completion's logprobs are NaN or infinite."""
 
@@ -415,6 +442,8 @@ class HTTPEngine(EngineBase):
         cmd = serve_command(args.pop("model")) + serve_flags(args)
         if arm.requirements.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
+        if arm.prompts.images is not None:
+            cmd += ["--chat-template", SERVED_CHAT_TEMPLATE, "--chat-template-content-format", "openai"]
         self.data_parallel_size = arm.requirements.data_parallel_size
         if self.data_parallel_size > 1:
             cmd += ["--data-parallel-size", str(self.data_parallel_size)]
@@ -479,17 +508,27 @@ class HTTPEngine(EngineBase):
 
     def get_json(self, route: str, timeout: float = 60.0) -> Any:
         status, raw = self._request("GET", route, None, timeout)
-        if status >= 400:
-            raise HTTPError(f"GET {route} -> HTTP {status}: {raw[:500]!r}")
+        self._raise_for_status("GET", route, status, raw)
         return json.loads(raw)
 
     def post(
         self, route: str, body: dict | None = None, timeout: float = 600.0, headers: dict[str, str] | None = None
     ) -> Any:
         status, raw = self._request("POST", route, json.dumps(body or {}).encode(), timeout, headers)
-        if status >= 400:
-            raise HTTPError(f"POST {route} -> HTTP {status}: {raw[:500]!r}")
+        self._raise_for_status("POST", route, status, raw)
         return json.loads(raw) if raw.strip() else None
+
+    def _raise_for_status(self, method: str, route: str, status: int, raw: bytes) -> None:
+        """An ``HTTPError`` for an error status. A server error (5xx) also names its cause as the
+        server logged it: the answer itself says only that the engine core failed."""
+        if status < 400:
+            return
+        message = f"{method} {route} -> HTTP {status}: {raw[:500]!r}"
+        cause = self.logged_error() if status >= 500 else None
+        raise HTTPError(f"{message}; the server logged: {cause}" if cause else message)
+
+    def logged_error(self) -> str | None:
+        return server_error_cause(self._log.name, self._log_start)
 
     def rpc(self, method, kwargs=None):
         # Under data parallelism vLLM sends the RPC to every rank and answers with rank 0's
@@ -516,20 +555,30 @@ class HTTPEngine(EngineBase):
 
     def generate(self, prompts):
         outputs = []
+        images = prompts.images or ()
         for i, ids in enumerate(prompts.token_ids):
-            body = {
-                "model": self._model_name(),
-                "prompt": list(ids),
-                "max_tokens": prompts.max_tokens,
-                "temperature": 0.0,
-                "logprobs": prompts.logprobs,
-                "return_tokens_as_token_ids": True,
-                "return_token_ids": True,
-            }
-            response = self.completion(body, data_parallel_rank_header(i, self.data_parallel_size))
-            choice = response["choices"][0]
+            headers = data_parallel_rank_header(i, self.data_parallel_size)
+            if i < len(images):
+                response = self.chat_with_image(ids, images[i], prompts, headers)
+                choice = response["choices"][0]
+                top = [
+                    {p["token"]: p["logprob"] for p in position["top_logprobs"]}
+                    for position in (choice["logprobs"] or {}).get("content") or []
+                ]
+            else:
+                body = {
+                    "model": self._model_name(),
+                    "prompt": list(ids),
+                    "max_tokens": prompts.max_tokens,
+                    "temperature": 0.0,
+                    "logprobs": prompts.logprobs,
+                    "return_tokens_as_token_ids": True,
+                    "return_token_ids": True,
+                }
+                response = self.completion(body, headers)
+                choice = response["choices"][0]
+                top = choice["logprobs"]["top_logprobs"] or []
             details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
-            top = choice["logprobs"]["top_logprobs"] or []
             per_position = tuple(
                 tuple(sorted(((int(t.split(":", 1)[1]), float(lp)) for t, lp in pos.items()), key=lambda x: -x[1]))
                 for pos in top
@@ -543,6 +592,27 @@ class HTTPEngine(EngineBase):
                 )
             )
         return tuple(outputs)
+
+    def chat_with_image(self, ids: tuple[int, ...], image: int, prompts: PromptSpec, headers: dict[str, str]) -> dict:
+        """One greedy ``/v1/chat/completions`` request of an image prompt, as users send an image:
+        the prompt's text on each side of its image placeholder (detokenized by the server), and
+        the generated image as a data URL. The server's chat template (``SERVED_CHAT_TEMPLATE``)
+        puts the placeholder back between the two texts."""
+        before, after = (
+            self.post("/detokenize", {"model": self._model_name(), "tokens": list(part)})["prompt"]
+            for part in image_split(ids)
+        )
+        body = {
+            "model": self._model_name(),
+            "messages": [{"role": "user", "content": chat_content(before, image, after)}],
+            "max_tokens": prompts.max_tokens,
+            "temperature": 0.0,
+            "logprobs": True,
+            "top_logprobs": prompts.logprobs,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        }
+        return self.post("/v1/chat/completions", body, headers=headers)
 
     def connection(self, timeout: float = 600.0) -> http.client.HTTPConnection:
         """A new HTTP connection to the server (over its Unix socket), for a caller that reads

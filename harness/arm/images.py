@@ -10,6 +10,16 @@ from harness.spec.run import PromptSpec
 IMAGE_SIDE = 64
 """Pixels per side of a generated image (the processor resizes it to the model's own size)."""
 
+SERVED_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endfor %}"
+)
+"""The chat template ``vllm serve`` gets for image prompts (``--chat-template``, with the OpenAI
+content format): a message's text parts as they are, and the image placeholder where its image
+part is, with no role markers, so a request's prompt is the offline prompt's text around its
+image. ``/v1/completions`` takes no image; ``/v1/chat/completions`` is how users send one."""
+
 
 def generated_image(seed: int):
     """An RGB image of uniform random pixels drawn from ``seed``."""
@@ -18,6 +28,26 @@ def generated_image(seed: int):
 
     pixels = np.random.default_rng(seed).integers(0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=np.uint8)
     return Image.fromarray(pixels)
+
+
+def image_data_url(seed: int) -> str:
+    """The generated image as a PNG ``data:`` URL, as an OpenAI-style client sends one."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    generated_image(seed).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def chat_content(before: str, seed: int, after: str) -> list[dict[str, Any]]:
+    """One user message's content parts: the text before the image, the image (with the id its
+    caches know it by, as in ``engine_prompts``), the text after."""
+    return [
+        {"type": "text", "text": before},
+        {"type": "image_url", "image_url": {"url": image_data_url(seed)}, "uuid": image_uuid(seed)},
+        {"type": "text", "text": after},
+    ]
 
 
 def image_uuid(seed: int) -> str:

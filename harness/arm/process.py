@@ -408,7 +408,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                 path.spec = arm.trainer  # type: ignore[attr-defined]  # a trainer path's trainer spec
         cold_starts += 1
         engine = build_engine(arm, result_path.parent)
-        watchdog = watch_engine_processes(lambda why: save("error", why))
+        watchdog = watch_engine_processes(lambda why, e=engine: save("error", with_logged_error(why, e)))
         cpu[0], kernels[0] = worker_dispatch(engine, cpu[0])
         for step in arm.steps:
             print(f"[{arm.name}] {describe_step(step)}", flush=True)
@@ -437,7 +437,7 @@ def run(arm: ArmPlan, result_path: Path) -> ArmResult:
                     engine = build_engine(
                         arm, result_path.parent, {"model": restart.model, "load_format": restart.load_format}
                     )
-                    watchdog = watch_engine_processes(lambda why: save("error", why))
+                    watchdog = watch_engine_processes(lambda why, e=engine: save("error", with_logged_error(why, e)))
             elif isinstance(step, Probe):
                 label = step.label
                 current[0] = (label.after.path, f"{_PROBE_ACTION[label.probe]} {label.probe}")
@@ -555,6 +555,13 @@ def refused_by_vllm(exc: BaseException) -> bool:
         if frame.filename.startswith(root + os.sep)
     ]
     return bool(owners) and owners[-1] == "vllm"
+
+
+def with_logged_error(why: str, engine) -> str:
+    """An engine process's death, with the exception its processes logged before it, if the engine
+    keeps their log apart (``vllm serve``): the death is the consequence, that error the cause."""
+    cause = engine.logged_error() if engine is not None else None
+    return f"{why}; it logged: {cause}" if cause else why
 
 
 def watch_engine_processes(on_death) -> threading.Event:

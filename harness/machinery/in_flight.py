@@ -17,10 +17,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.records import InFlightRequest
+from harness.spec.prompts import without_images
 from harness.spec.requirements import DATA_PARALLEL_RANK_HEADER
+from harness.spec.run import PromptSpec
 
 STREAM_START_TIMEOUT_S = 120.0
 """How long the first token of every in-flight request may take."""
+
+
+def in_flight_prompts(spec: PromptSpec | None) -> tuple[tuple[int, ...], ...]:
+    """The token-id prompts of the in-flight requests: the run's prompts, with any image
+    placeholder taken out. They stream from ``/v1/completions``, which takes no image; a
+    vision-language model's images go through the fresh requests (``HTTPEngine.chat_with_image``).
+    Empty without token-id prompts."""
+    if spec is None or not spec.token_ids:
+        return ()
+    return spec.token_ids if spec.images is None else without_images(spec.token_ids)
 
 
 @dataclass

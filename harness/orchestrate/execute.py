@@ -267,19 +267,13 @@ def unavailable_here(spec: RunSpec, classes: dict) -> dict[str, str]:
         for p, cls in classes.items()
         if cls.needs_drafter and not spec.engine.draft_tokens
     }
-    imageless = {
-        p: f"{p} sends token-id prompts to vllm serve's /v1/completions, which takes no image, and this "
-        "model's prompts carry images"
-        for p, cls in classes.items()
-        if cls.requirements.kind == "http" and spec.prompts.images is not None
-    }
     textual = {
         p: f"{p} is about a vision-language model's encoder cache, and this model's prompts carry no image"
         for p, cls in classes.items()
         if cls.needs_images and spec.prompts.images is None
     }
     return first_reasons(
-        unavailable, drafterless, imageless, textual, unavailable_paths(classes, spec.engine.tensor_parallel_size, gpus)
+        unavailable, drafterless, textual, unavailable_paths(classes, spec.engine.tensor_parallel_size, gpus)
     )
 
 

@@ -84,13 +84,13 @@ class HTTPDataParallelReload(HTTPReload):
         (pinned round-robin to the ranks, the observation's token budget) is generating when the
         pause is sent and must end before it answers; a second one per prompt is sent while paused
         and must run after the resume. Both waves are recorded (``pause_mode="wait"``)."""
-        from harness.machinery.in_flight import InFlight
+        from harness.machinery.in_flight import InFlight, in_flight_prompts
 
         server: Any = engine  # an HTTPEngine: the path's requirements ask for ``vllm serve``
         spec = self.prompts
-        if spec is None or not spec.token_ids:
+        prompts = in_flight_prompts(spec)
+        if spec is None or not prompts:
             raise ValueError(f"{self.name} needs the run's token-id prompts for its streaming requests")
-        prompts = spec.token_ids
         ranks = tuple(data_parallel_rank(i, DATA_PARALLEL_RANKS) for i in range(len(prompts)))
 
         def wave() -> InFlight:

@@ -70,12 +70,12 @@ class HTTPWeightTransfer(ReloadPath):
         import requests
         import requests_unixsocket
 
-        from harness.machinery.in_flight import InFlight
+        from harness.machinery.in_flight import InFlight, in_flight_prompts
         from harness.machinery.transfer import checkpoint_source
 
         server: Any = engine  # an HTTPEngine: the path's requirements ask for ``vllm serve``
         backend = self.requirements.weight_transfer_backend or "gloo"
-        prompts = self.prompts.token_ids if self.prompts and self.prompts.token_ids else ()
+        prompts = in_flight_prompts(self.prompts)
         if not prompts:
             raise ValueError("http_weight_transfer needs the run's token-id prompts for its in-flight requests")
         budget = min(IN_FLIGHT_TOKENS, max(1, server.max_model_len - max(len(p) for p in prompts) - 1))

@@ -337,6 +337,9 @@ RUNNER_RELOAD_PATHS = (
     "dummy_start",
     "prefix_cache",
     "compiled",
+    # The same runner reload_weights, sent to vllm serve as POST /collective_rpc.
+    "http_reload",
+    "http_dp_reload",
 )
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (

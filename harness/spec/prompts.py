@@ -67,3 +67,14 @@ def with_images(
     cleared = tuple(tuple(other if t == image_token else t for t in p) for p in token_ids)
     placed = tuple(p[:SHARED_PREFIX_TOKENS] + (image_token,) + p[SHARED_PREFIX_TOKENS:] for p in cleared)
     return placed, tuple(i % PROMPT_IMAGES for i in range(len(token_ids)))
+
+
+def without_images(token_ids: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """The prompts ``with_images`` made, with the image placeholder taken out again: text prompts
+    for a request that carries no image."""
+    return tuple(before + after for before, after in map(image_split, token_ids))
+
+
+def image_split(ids: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(before, after)``: a ``with_images`` prompt's token ids on each side of its image."""
+    return ids[:SHARED_PREFIX_TOKENS], ids[SHARED_PREFIX_TOKENS + 1 :]

@@ -1,18 +1,24 @@
 """A vision-language model: prompts that carry generated images, the encoder cache judged against
 cold B's image by image, path ``encoder_cache``'s twin caught by it, and the paths that cannot
-send images SKIPPED with why. From records and files alone; the real engines are in
+text prompts SKIPPED with why, image prompts as ``vllm serve`` gets them. From records and files alone; the real engines are in
 ``tests/integration/test_vision.py``."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import json
 
+import jinja2
+from PIL import Image
+
 from harness.arm.engines import engine_args
-from harness.arm.images import engine_prompts, generated_image, image_uuid
+from harness.arm.images import SERVED_CHAT_TEMPLATE, chat_content, engine_prompts, generated_image, image_uuid
 from harness.checkpoints.read import image_token_id
 from harness.judge.diff import compare_path
 from harness.judge.verdict import VerdictStatus, judge, judge_sabotage
+from harness.machinery.in_flight import in_flight_prompts
 from harness.orchestrate.execute import unavailable_here
 from harness.orchestrate.resolve import resolve_prompts
 from harness.paths import PATHS
@@ -20,7 +26,7 @@ from harness.plan import PathNeeds, make_plan
 from harness.records import EncoderCacheEntry, Observation
 from harness.spec.checkpoint_set import CheckpointSet
 from harness.spec.known_issues import KNOWN_ISSUES
-from harness.spec.prompts import PROMPT_IMAGES, SHARED_PREFIX_TOKENS
+from harness.spec.prompts import PROMPT_IMAGES, SHARED_PREFIX_TOKENS, image_split, with_images, without_images
 from harness.spec.requirements import EngineRequirements
 from harness.spec.run import JudgePolicy, PromptSpec, RunSpec
 from tests.records import EXPECTED, QWEN_PACKED, A, B, arm, obs, segment
@@ -168,9 +174,35 @@ def test_image_prompts_keep_the_tokenizer_vllms_processor_needs():
     assert engine_args(planned)["skip_tokenizer_init"] is True and "limit_mm_per_prompt" not in engine_args(planned)
 
 
-def test_http_paths_with_images_and_encoder_cache_without_are_skipped_with_why():
+def test_only_encoder_cache_without_images_is_skipped_with_why():
     classes = {name: PATHS.get(name) for name in NEEDS}
-    with_images = unavailable_here(RunSpec(model="/a", paths=tuple(NEEDS), prompts=IMAGES), classes)
-    assert set(with_images) == {"http_reload"} and "/v1/completions" in with_images["http_reload"]
+    assert unavailable_here(RunSpec(model="/a", paths=tuple(NEEDS), prompts=IMAGES), classes) == {}  # HTTP too
     text = unavailable_here(RunSpec(model="/a", paths=tuple(NEEDS), prompts=PromptSpec(token_ids=((1, 2),))), classes)
     assert set(text) == {"encoder_cache"} and "carry no image" in text["encoder_cache"]
+
+
+def test_a_served_image_prompt_is_its_text_around_the_image_in_one_chat_message():
+    ((ids,), _) = with_images(((5,) * SHARED_PREFIX_TOKENS + (6, 7),), image_token=97)
+    before, after = image_split(ids)
+    assert (before, after) == ((5,) * SHARED_PREFIX_TOKENS, (6, 7)) and before + (97,) + after == ids
+    assert without_images((ids, ids)) == ((5,) * SHARED_PREFIX_TOKENS + (6, 7),) * 2
+    text, image, tail = chat_content("before", 1, "after")
+    assert (text["text"], image["uuid"], tail["text"]) == ("before", image_uuid(1), "after")
+    png = base64.b64decode(image["image_url"]["url"].removeprefix("data:image/png;base64,"))
+    assert Image.open(io.BytesIO(png)).tobytes() == generated_image(1).tobytes()  # lossless: the same pixels
+    rendered = jinja2.Template(SERVED_CHAT_TEMPLATE).render(
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}],
+            }
+        ]
+    )
+    assert rendered == "a<image>b"
+
+
+def test_in_flight_requests_stream_the_prompts_without_their_image():
+    spec = PromptSpec(token_ids=((1,) * SHARED_PREFIX_TOKENS + (97, 2),), images=(0,))
+    assert in_flight_prompts(spec) == ((1,) * SHARED_PREFIX_TOKENS + (2,),)
+    assert in_flight_prompts(PromptSpec(token_ids=((1, 97, 2),))) == ((1, 97, 2),)  # no image: as they are
+    assert in_flight_prompts(None) == () == in_flight_prompts(PromptSpec())
