@@ -8,7 +8,7 @@ Beside the stock families: a vision-language family whose prompts carry generate
 (``idefics3``, with path ``encoder_cache``), a tied-embedding variant of each dense one (``<family>-tied``), and
 a Qwen3 with checkpoint KV-cache scales run with an fp8 KV cache (``qwen3-fp8kv``, its engine
 arguments come with the family). Each attention family runs again with a speculative-decoding
-drafter of its own checkpoint (``DRAFTER_PATHS``)."""
+drafter of its own checkpoint (``DRAFTER_PATHS``), and the Llama once more with an EAGLE head."""
 
 from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES, VISION_FAMILIES
 from harness.spec.engine_config import EngineConfig
@@ -35,9 +35,14 @@ DRAFTER_MODELS = tuple(f.label for f in FAMILIES if f.label not in SSM_FAMILIES)
 0.32's draft_model proposer cannot start with an Idefics3 drafter (``AttributeError: 'Idefics3Config'
 object has no attribute 'image_token_index'``, measured in bf16), an unsupported configuration that
 vLLM does not word as a refusal."""
+EAGLE_MODELS = ("llama",)
+"""The EAGLE drafter cells' family: vLLM 0.32 runs an EAGLE head (method ``eagle``) for a Llama-family
+target only (``EagleLlamaForCausalLM``); the harness derives each checkpoint's head from its last
+layer (``harness.checkpoints.eagle``)."""
 ZOO_ENGINE_CONFIGS = (
     EngineConfig(paths=CPU_PATHS + VISION_PATHS),
     EngineConfig(label="drafter", models=DRAFTER_MODELS, draft_tokens=2, paths=DRAFTER_PATHS),
+    EngineConfig(label="eagle", models=EAGLE_MODELS, draft_tokens=2, drafter="eagle", paths=DRAFTER_PATHS),
 )
 
 

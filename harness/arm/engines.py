@@ -82,8 +82,8 @@ def engine_args(arm: ArmPlan, overrides: dict[str, Any] | None = None) -> dict[s
     if e.draft_tokens:
         # The drafter follows the checkpoint the engine starts on: a cold B drafts with B.
         args["speculative_config"] = {
-            "method": "draft_model",
-            "model": args["model"],
+            "method": e.drafter,
+            "model": arm.checkpoints.drafter_checkpoint(args["model"]),
             "num_speculative_tokens": e.draft_tokens,
         }
     return args

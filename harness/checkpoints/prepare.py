@@ -8,6 +8,7 @@ from pathlib import Path
 
 from harness.checkpoints.control import choose_control_tensor
 from harness.checkpoints.derived import damaged, perturbed, with_control, without_tensor
+from harness.checkpoints.eagle import eagle_head
 from harness.checkpoints.quantize import describe_quantization, quantization_config
 from harness.checkpoints.read import check_target, read_headers
 from harness.checkpoints.source import resolve_model
@@ -25,11 +26,13 @@ def prepare(
     sabotage: bool = False,
     damage: float | None = None,
     online_quantization: str | None = None,
+    eagle: bool = False,
 ) -> CheckpointSet:
     """Resolve A (a directory or a hub id), check or make B, and make B' (and B without the
     control tensor, for sabotaged refits; B damaged by ``damage``, for the accuracy probe).
     ``online_quantization``: the engines' ``quantization`` argument, if any (the automatic
-    control is then a tensor the quantized kernels read)."""
+    control is then a tensor the quantized kernels read). ``eagle``: each of A, B and B' also gets
+    its EAGLE drafter head (``harness.checkpoints.eagle``)."""
     a = resolve_model(model)
     headers = read_headers(a)
     if target:
@@ -47,10 +50,11 @@ def prepare(
     b_control = with_control(b, control, cache)
     b_without = str(without_tensor(b, tensor, cache).resolve()) if sabotage else None
     b_damaged = str(damaged(b, damage, cache).resolve()) if damage is not None else None
+    a, b, b_control = (str(Path(d).resolve()) for d in (a, b, b_control))
     return CheckpointSet(
-        a=str(Path(a).resolve()),
-        b=str(Path(b).resolve()),
-        b_control=str(b_control.resolve()),
+        a=a,
+        b=b,
+        b_control=b_control,
         control_tensor=tensor,
         control_reason=reason,
         b_without_control=b_without,
@@ -58,6 +62,7 @@ def prepare(
         architecture=(_config(a).get("architectures") or [None])[0],
         tied_embeddings=_tied(_config(a)),
         quantization=describe_quantization(quantization_config(a)),
+        drafter_heads=tuple((d, str(eagle_head(d, cache))) for d in (a, b, b_control)) if eagle else (),
     )
 
 

@@ -17,7 +17,7 @@ from harness.errors import BuildError, UsageError
 from harness.orchestrate.execute import ArmEvents, Progress
 from harness.run_dir import INDEX_HTML, RunDir
 from harness.settings import CPU_ISA_ENV
-from harness.spec.engine_config import RELOAD_MODES
+from harness.spec.engine_config import DRAFTERS, RELOAD_MODES
 from harness.spec.run import (
     ControlSpec,
     DigestChoice,
@@ -120,9 +120,16 @@ def add_parsers(sub) -> None:
         "--draft-tokens",
         type=positive_int,
         default=None,
-        help="speculative decoding: every engine drafts this many tokens per step with a draft_model drafter "
-        "loaded from its own checkpoint; the census covers the drafter and each observation counts its "
+        help="speculative decoding: every engine drafts this many tokens per step with a drafter of its own "
+        "checkpoint (--drafter); the census covers the drafter and each observation counts its "
         "accepted drafts (path reload_weights_drafter refits it; not with -s)",
+    )
+    run.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        default=None,
+        help="with --draft-tokens: draft_model (the engine's own checkpoint drafts, the default) or eagle "
+        "(an EAGLE head the harness derives from each checkpoint; vLLM runs it for Llama-family targets)",
     )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(
@@ -264,9 +271,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.reuse_reference = reuse_by_default()
     build_specs = builds_of(args)
     if args.scenario:
-        if args.draft_tokens:
-            raise UsageError("--draft-tokens is for a plain run: a scenario's cells set their own engines")
+        if args.draft_tokens or args.drafter:
+            raise UsageError(
+                "--draft-tokens and --drafter are for a plain run: a scenario's cells set their own engines"
+            )
         return run_scenario(args, fan, build_specs)
+    if args.drafter and not args.draft_tokens:
+        raise UsageError("--drafter chooses the drafter of --draft-tokens N: give both")
     if args.expect and len(build_specs) < 2:
         raise UsageError("--expect needs two --build (base and pr); for two finished runs use 'refit-harness compare'")
     if len(build_specs) > 1:
@@ -332,6 +343,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
             cpu_isa=cpu_isa_of(args),
             reload_mode=args.reload_mode or RELOAD_MODES[0],
             draft_tokens=args.draft_tokens or 0,
+            drafter=args.drafter or DRAFTERS[0],
         ),
         perturb=PerturbSpec(seed=PerturbSpec.seed if args.seed is None else args.seed),
         control=ControlSpec(tensor=args.control_tensor),

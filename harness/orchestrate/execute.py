@@ -242,6 +242,7 @@ def make_checkpoints(spec: RunSpec, progress: Progress) -> CheckpointSet:
             sabotage=spec.sabotage,
             damage=spec.accuracy.damage if spec.accuracy else None,
             online_quantization=spec.engine.vllm_kwargs().get("quantization"),
+            eagle=bool(spec.engine.draft_tokens) and spec.engine.drafter == "eagle",
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None

@@ -40,7 +40,8 @@ class ReloadWeightsWithDrafter(ReloadWeightsFromDirectory):
     name = "reload_weights_drafter"
     exercises = (
         "reload_weights(weights_path=DIR) on the target, then vLLM's layerwise reload lifecycle on the "
-        "speculative-decoding drafter's own model (model_runner.drafter.model) from the same checkpoint"
+        "speculative-decoding drafter's own model (model_runner.drafter.model) from its own checkpoint beside "
+        "the target's (the same one for a draft_model drafter, the target's EAGLE head for eagle)"
     )
     needs_drafter = True
     sabotage = "the drafter's reload skipped: reload_weights alone, which reaches the target only"
@@ -48,7 +49,9 @@ class ReloadWeightsWithDrafter(ReloadWeightsFromDirectory):
 
     def refit(self, engine: Engine, checkpoint_dir: str, target: RefitTarget) -> None:
         super().refit(engine, checkpoint_dir, target)
-        engine.rpc("refit_harness_reload_drafter", {"weights_path": checkpoint_dir})
+        engine.rpc(
+            "refit_harness_reload_drafter", {"weights_path": self.checkpoints.drafter_checkpoint(checkpoint_dir)}
+        )
 
     def sabotaged_refit(self, engine: Engine, target: RefitTarget) -> None:
         super().refit(engine, self.checkpoints.directory(target), target)

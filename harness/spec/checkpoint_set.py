@@ -48,6 +48,16 @@ class CheckpointSet:
     trainer_steps: tuple[str, ...] = ()
     """The live trainer's ``save_pretrained`` after each optimizer step (``T1``, ``T2``...), made
     when a trainer path runs (see ``harness.spec.run.TrainerSpec``); empty otherwise."""
+    drafter_heads: tuple[tuple[str, str], ...] = ()
+    """``(checkpoint directory, its EAGLE head's directory)`` for A, B and B' when the engines draft
+    with an EAGLE head (``EngineSpec.drafter``, ``harness.checkpoints.eagle``); empty otherwise:
+    a drafter loads the target's own checkpoint."""
+
+    def drafter_checkpoint(self, directory: str) -> str:
+        """What the drafter loads beside the target checkpoint ``directory``: its EAGLE head, or
+        the checkpoint itself (a ``draft_model`` drafter). An engine starts with it, and a refit
+        that reaches the drafter reloads it from it."""
+        return dict(self.drafter_heads).get(directory, directory)
 
     def directory(self, key: str) -> str:
         step = trainer_step(key)

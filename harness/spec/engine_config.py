@@ -32,6 +32,12 @@ rollback; vLLM refuses it with LoRA, online quantization and sharded_rdt). Befor
 reload is layerwise, and a ``direct`` cell is SKIPPED as declined by vLLM."""
 RELOAD_MODES: tuple[ReloadMode, ...] = ("layerwise", "direct")
 """Every reload mode, vLLM's default first."""
+DrafterMethod = Literal["draft_model", "eagle"]
+"""The speculative-decoding drafter every engine of a run drafts with (``--drafter``): vLLM's
+``draft_model``, loaded from the engine's own checkpoint (the target drafts for itself), or an
+``eagle`` head the harness writes per checkpoint (``harness.checkpoints.eagle``)."""
+DRAFTERS: tuple[DrafterMethod, ...] = ("draft_model", "eagle")
+"""Every drafter, the default first."""
 RELOAD_MODE_ENV = "VLLM_RELOAD_MODE"
 """The variable vLLM reads, once per process, for the reload mode."""
 
@@ -100,6 +106,8 @@ class EngineConfig:
     draft_tokens: int = 0
     """Speculative decoding for its cells (``EngineSpec.draft_tokens``): every engine drafts this
     many tokens a step with a drafter of its own checkpoint; 0: none."""
+    drafter: DrafterMethod = "draft_model"
+    """Which drafter its cells draft with (``EngineSpec.drafter``)."""
     paths: tuple[str, ...] = ()
     """The scenario's paths it runs (empty: all of them): a reload mode changes only the paths
     whose refit goes through vLLM's reload lifecycle."""

@@ -7,7 +7,7 @@ from typing import Literal
 
 from harness.settings import DEFAULT_ARM_TIMEOUT_S
 from harness.spec.build import BuildSpec
-from harness.spec.engine_config import RELOAD_MODE_ENV, RELOAD_MODES, EngineArgs, ReloadMode, decode
+from harness.spec.engine_config import RELOAD_MODE_ENV, RELOAD_MODES, DrafterMethod, EngineArgs, ReloadMode, decode
 
 Mode = Literal["eager", "compiled"]
 DigestChoice = Literal["auto", "xxh3", "blake3", "device"]
@@ -60,6 +60,10 @@ class EngineSpec:
     many tokens per step with a ``draft_model`` drafter loaded from the arm's own checkpoint (the
     target drafts for itself, so a cold engine accepts every draft), and the census and the
     observations cover the drafter. 0: no drafter."""
+    drafter: DrafterMethod = "draft_model"
+    """The drafter's kind (``--drafter``): ``draft_model`` as above, or ``eagle``, an EAGLE head
+    the harness derives from each arm's checkpoint (``harness.checkpoints.eagle``: a cold B drafts
+    with B's head). Only with ``draft_tokens``."""
     engine_args: EngineArgs = ()
     """Further vLLM engine arguments every arm is built with (``--engine-arg``, ``--engine-config``,
     a scenario's engine configuration), as sorted ``(EngineArgs field, JSON value)`` pairs.

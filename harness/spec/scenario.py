@@ -163,6 +163,7 @@ def expand(s: ScenarioSpec, only: tuple[str, ...] = (), skip: tuple[str, ...] = 
                                 cpu_isa=s.cpu_isa,
                                 reload_mode=config.reload_mode,
                                 draft_tokens=config.draft_tokens,
+                                drafter=config.drafter,
                             ),
                             control=s.control,
                             prompts=s.prompts,

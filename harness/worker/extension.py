@@ -194,7 +194,7 @@ class RefitObserver:
     def refit_harness_reload_drafter(self, weights_path: str) -> None:
         """vLLM's reload lifecycle (``reload_weights`` from a directory) on the drafter's own model,
         as an RL integration that refits a drafter must: ``Worker.reload_weights`` stops at the
-        target."""
+        target. ``weights_path``: the drafter's own checkpoint (``CheckpointSet.drafter_checkpoint``)."""
         import torch
 
         from harness import safetensors_files

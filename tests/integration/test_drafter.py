@@ -7,7 +7,8 @@ with a ``draft_model`` drafter loaded from its own checkpoint (``--draft-tokens 
 - ``reload_weights_drafter`` also runs the reload lifecycle on the drafter's model: it must PASS,
   with its twin (the drafter's reload skipped) caught by a drafter tensor.
 
-One run, three engines (the embedded tiny Qwen3, float32, eager).
+One run, three engines (the embedded tiny Qwen3, float32, eager); the same two paths with an
+EAGLE head on the zoo's Llama (bf16), three more; and Gemma 3, refused by vLLM.
 """
 
 from __future__ import annotations
@@ -73,3 +74,34 @@ def test_a_drafter_of_a_model_with_sliding_and_full_layers_is_skipped_in_vllms_w
     path = drafted_sliding.summary["paths"]["reload_weights"]
     assert drafted_sliding.exit_code == 0 and path["verdict"] == "SKIPPED", (path, drafted_sliding.output[-3000:])
     assert any("should belong to the same kv cache group" in r for r in path["reasons"]), path["reasons"]
+
+
+@pytest.fixture(scope="module")
+def drafted_eagle(run_oracle):
+    from harness.checkpoints.zoo import tiny_model
+
+    model = str(tiny_model("llama"))
+    return run_oracle(
+        "drafter-eagle",
+        *("--model", model, "--dtype", "bfloat16", "--draft-tokens", "2", "--drafter", "eagle"),
+        *("--paths", "reload_weights,reload_weights_drafter"),
+    )
+
+
+def test_an_eagle_head_left_at_a_fails_by_its_own_layer_and_its_refit_passes(drafted_eagle):
+    """The zoo's Llama with an EAGLE head per checkpoint (its last layer behind a pass-through ``fc``):
+    ``reload_weights`` leaves the head's own layer at A while the embedding and ``lm_head`` it shares
+    with the target follow; ``reload_weights_drafter`` reloads the head from B's, its twin caught."""
+    run = drafted_eagle
+    stale = run.summary["paths"]["reload_weights"]
+    assert run.exit_code == 1 and stale["verdict"] == "FAIL", (stale, run.output[-3000:])
+    assert stale["first_divergent_tensor"].startswith(DRAFTER_PREFIX + "model.layers.0."), stale
+    tensors = run.csv("tensors.csv")
+    refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "reload_weights")]
+    failing = refit[refit["status"].isin(["STALE", "CORRUPT", "MISSING"])]
+    assert len(failing) and failing["tensor"].str.startswith(DRAFTER_PREFIX + "model.layers.0.").all(), failing
+    refitted = run.summary["paths"]["reload_weights_drafter"]
+    assert refitted["verdict"] == "PASS", refitted["reasons"]
+    assert refitted["sabotage"]["evidence"] == "drafter" and refitted["sabotage"]["caught"], refitted["sabotage"]
+    arms = evaluate(run.out, PATHS.get).arms
+    assert all(o.drafts is not None and o.drafts[1] > 0 for a in arms for o in a.observations)  # it drafted

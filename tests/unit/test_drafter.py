@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
+import pytest
+
 from harness.arm.engines import SPEC_DECODE_COUNTERS, draft_counts_of, engine_args
 from harness.judge.diff import compare_path
 from harness.judge.verdict import VerdictStatus, judge, judge_sabotage
@@ -97,6 +99,64 @@ def test_every_arm_drafts_with_its_own_checkpoint():
     assert all("speculative_config" not in engine_args(a) for a in make_plan(plain, CS, NEEDS, {}).arms)
 
 
+EAGLE_CS = dataclasses.replace(CS, drafter_heads=(("/a", "/a-head"), ("/b", "/b-head"), ("/c", "/c-head")))
+
+
+class RecordingEngine:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    def rpc(self, method, kwargs=None):
+        self.calls.append((method, kwargs or {}))
+        return [None]
+
+
+def test_an_eagle_drafter_starts_and_refits_with_the_head_of_each_checkpoint():
+    spec = RunSpec(model="/a", paths=tuple(NEEDS), engine=EngineSpec(draft_tokens=2, drafter="eagle"))
+    for planned in make_plan(spec, EAGLE_CS, NEEDS, {}).arms:
+        args = engine_args(planned)
+        assert args["speculative_config"] == {
+            "method": "eagle",
+            "model": args["model"] + "-head",
+            "num_speculative_tokens": 2,
+        }, planned.name
+    engine = RecordingEngine()
+    path = PATHS.get("reload_weights_drafter")(EAGLE_CS)
+    path.refit(engine, "/b", "B")
+    assert engine.calls == [
+        ("reload_weights", {"weights_path": "/b"}),
+        ("refit_harness_reload_drafter", {"weights_path": "/b-head"}),
+    ]
+    assert CS.drafter_checkpoint("/b") == "/b"  # a draft_model drafter loads the target's own
+
+
+def test_an_eagle_head_is_the_checkpoints_last_layer_behind_a_pass_through_fc(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from harness.checkpoints.eagle import HEAD_LAYER, eagle_head
+    from harness.errors import CheckpointError
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text('{"num_hidden_layers": 2, "hidden_size": 4}')
+    layers = {f"model.layers.{i}.{leaf}": torch.full((4, 4), float(i)) for i in (0, 1) for leaf in HEAD_LAYER}
+    save_file({**layers, "model.embed_tokens.weight": torch.ones(8, 4)}, str(target / "model.safetensors"))
+    head = eagle_head(target, cache=tmp_path / "cache")
+    tensors = load_file(str(head / "model.safetensors"))
+    assert set(tensors) == {f"layers.0.{leaf}" for leaf in HEAD_LAYER} | {"fc.weight"}
+    assert all(torch.equal(tensors[f"layers.0.{leaf}"], layers[f"model.layers.1.{leaf}"]) for leaf in HEAD_LAYER)
+    hidden = torch.arange(4.0)
+    assert torch.equal(tensors["fc.weight"] @ torch.cat([torch.ones(4), hidden]), hidden)  # the hidden state passes
+    assert '"num_hidden_layers": 1' in (head / "config.json").read_text()
+    other = tmp_path / "other"  # a last layer of another shape: no head, and why
+    other.mkdir()
+    (other / "config.json").write_text('{"num_hidden_layers": 2, "hidden_size": 4}')
+    save_file({"model.layers.1.mlp.up_proj.weight": torch.ones(4, 4)}, str(other / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"no EAGLE head can be made .* missing layers\.0\.mlp\.down_proj"):
+        eagle_head(other, cache=tmp_path / "cache")
+
+
 def test_a_drafter_refit_without_a_drafter_is_skipped_with_why():
     classes = {name: PATHS.get(name) for name in NEEDS}
     without = unavailable_here(RunSpec(model="/a", paths=tuple(NEEDS)), classes)
@@ -108,6 +168,9 @@ def test_draft_tokens_with_a_scenario_is_one_line_and_exit_2(tmp_path):
     proc = cli("run", "-s", "zoo", "--draft-tokens", "2", "--out", str(tmp_path / "out"), timeout=120)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("refit-harness: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "--draft-tokens" in errors[0], proc.stderr
+    alone = cli("run", "--drafter", "eagle", "--out", str(tmp_path / "alone"), timeout=120)
+    errors = [ln for ln in alone.stderr.splitlines() if ln.startswith("refit-harness: error:")]
+    assert alone.returncode == 2 and len(errors) == 1 and "--draft-tokens" in errors[0], alone.stderr
 
 
 def test_a_drafter_vllm_cannot_set_up_is_a_refusal_and_other_assertions_stay_errors():

@@ -102,13 +102,17 @@ def test_the_zoo_runs_tied_variants_of_the_dense_families_and_the_fp8_kv_family(
     assert all(models[f.label].engine_args == () for f in FAMILIES + TIED_FAMILIES)
 
 
-def test_the_zoo_drafts_with_the_attention_families_on_the_drafter_paths_only():
+def test_the_zoo_drafts_with_the_attention_families_and_an_eagle_head_on_the_drafter_paths_only():
     from harness.checkpoints.zoo import FAMILIES, VISION_FAMILIES
     from scenarios.zoo import DRAFTER_PATHS, SSM_FAMILIES, zoo
 
     groups = expand(zoo())
-    drafted = {g.id: g.spec for g in groups if g.spec.engine.draft_tokens}
+    drafted = {g.id: g.spec for g in groups if g.spec.engine.draft_tokens and g.spec.engine.drafter == "draft_model"}
     labels = {i.split("-drafter-")[0] for i in drafted}
+    eagle = {g.id: g.spec for g in groups if g.spec.engine.drafter == "eagle"}
+    # vLLM builds EAGLE heads for Llama-family targets: the zoo's Llama, in each dtype, on the same paths.
+    assert {i.split("-eagle-")[0] for i in eagle} == {"llama"} and len(eagle) == len(zoo().dtypes)
+    assert {(spec.paths, spec.engine.draft_tokens) for spec in eagle.values()} == {(DRAFTER_PATHS, 2)}
     # vLLM 0.32 cannot draft for a model with Mamba layers (a bare assertion): no SSM family.
     assert labels == {f.label for f in FAMILIES} - set(SSM_FAMILIES)
     assert not labels & {f.label for f in VISION_FAMILIES}  # vLLM cannot start an Idefics3 drafter
