@@ -64,11 +64,7 @@ def _write_head(checkpoint: Path, staging: Path) -> None:
     config = json.loads((checkpoint / "config.json").read_text())
     last = config.get("num_hidden_layers", 0) - 1
     wanted = {f"model.layers.{last}.{leaf}": f"layers.0.{leaf}" for leaf in HEAD_LAYER}
-    head = {
-        wanted[name]: t.clone()
-        for name, t in safetensors_files.tensors(safetensors_files.files(checkpoint))
-        if name in wanted
-    }
+    head = {wanted[name]: t for name, t in safetensors_files.tensors(safetensors_files.files(checkpoint), only=wanted)}
     missing = sorted(set(wanted.values()) - set(head))
     if last < 0 or missing:
         raise CheckpointError(
