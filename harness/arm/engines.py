@@ -149,6 +149,22 @@ def draft_counts_of(metrics: list) -> tuple[int, int] | None:
     return found[SPEC_DECODE_COUNTERS[0]], found[SPEC_DECODE_COUNTERS[1]]
 
 
+def draft_counts_of_exposition(text: str) -> tuple[int, int] | None:
+    """``(accepted, proposed)`` from a ``vllm serve``'s ``/metrics`` (Prometheus text), summed
+    over its engines (one sample per ``engine`` label with data parallelism); None when it has no
+    drafter counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {
+        family.name: sum(int(s.value) for s in family.samples if s.name == family.name + "_total")
+        for family in text_string_to_metric_families(text)
+        if family.name in SPEC_DECODE_COUNTERS
+    }
+    if len(found) < len(SPEC_DECODE_COUNTERS):
+        return None
+    return found[SPEC_DECODE_COUNTERS[0]], found[SPEC_DECODE_COUNTERS[1]]
+
+
 def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None, cuda: bool | None = None) -> dict[str, Any]:
     """``LLM(...)`` arguments: ``engine_args``, plus a transfer backend's config and executor, and
     with a drafter, the statistics that count its drafts (``LLM`` turns them off by default)."""
@@ -217,7 +233,7 @@ class EngineBase(ABC):
 
     def draft_counts(self) -> tuple[int, int] | None:
         """``(accepted, proposed)`` draft tokens so far, from vLLM's speculative-decoding counters;
-        None: no drafter, or an engine that does not report them here (``vllm serve``)."""
+        None: no drafter, or an engine that does not report them."""
         return None
 
     def logged_error(self) -> str | None:
@@ -444,6 +460,7 @@ class HTTPEngine(EngineBase):
             cmd += ["--weight-transfer-config", json.dumps({"backend": arm.requirements.weight_transfer_backend})]
         if arm.prompts.images is not None:
             cmd += ["--chat-template", SERVED_CHAT_TEMPLATE, "--chat-template-content-format", "openai"]
+        self._draft_tokens = arm.engine.draft_tokens
         self.data_parallel_size = arm.requirements.data_parallel_size
         if self.data_parallel_size > 1:
             cmd += ["--data-parallel-size", str(self.data_parallel_size)]
@@ -526,6 +543,15 @@ class HTTPEngine(EngineBase):
         message = f"{method} {route} -> HTTP {status}: {raw[:500]!r}"
         cause = self.logged_error() if status >= 500 else None
         raise HTTPError(f"{message}; the server logged: {cause}" if cause else message)
+
+    def draft_counts(self):
+        # vllm serve keeps its statistics on (LLM turns them off) and counts drafts in the API
+        # server's Prometheus registry, summed here over the data-parallel engines.
+        if not self._draft_tokens:
+            return None
+        status, raw = self._request("GET", "/metrics", None, 60.0)
+        self._raise_for_status("GET", "/metrics", status, raw)
+        return draft_counts_of_exposition(raw.decode())
 
     def logged_error(self) -> str | None:
         return server_error_cause(self._log.name, self._log_start)

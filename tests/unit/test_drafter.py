@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.arm.engines import SPEC_DECODE_COUNTERS, draft_counts_of, engine_args
+from harness.arm.engines import SPEC_DECODE_COUNTERS, draft_counts_of, draft_counts_of_exposition, engine_args
 from harness.judge.diff import compare_path
 from harness.judge.verdict import VerdictStatus, judge, judge_sabotage
 from harness.orchestrate.execute import unavailable_here
@@ -75,6 +75,25 @@ def test_draft_counts_come_from_vllms_two_counters():
     metrics = [SimpleNamespace(name=accepted, value=7), SimpleNamespace(name=proposed, value=9)]
     assert draft_counts_of(metrics + [SimpleNamespace(name="vllm:num_requests_running", value=1)]) == (7, 9)
     assert draft_counts_of(metrics[:1]) is None
+
+
+def test_served_draft_counts_are_summed_over_the_data_parallel_engines():
+    """``vllm serve`` exposes the counters as Prometheus text, one sample per engine."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    registry = CollectorRegistry()
+    accepted, proposed = (Counter(n, n, ["model_name", "engine"], registry=registry) for n in SPEC_DECODE_COUNTERS)
+    Counter("vllm:spec_decode_num_drafts", "drafts", ["engine"], registry=registry).labels("0").inc(50)
+    for engine, (a, p) in enumerate([(3, 8), (4, 6)]):
+        accepted.labels("m", str(engine)).inc(a)
+        proposed.labels("m", str(engine)).inc(p)
+    text = generate_latest(registry).decode()
+    assert "vllm:spec_decode_num_accepted_tokens_total{" in text and "_created{" in text
+    assert draft_counts_of_exposition(text) == (7, 14)
+
+    plain = CollectorRegistry()
+    Counter(SPEC_DECODE_COUNTERS[1], "proposed only", registry=plain).inc(5)
+    assert draft_counts_of_exposition(generate_latest(plain).decode()) is None
 
 
 CS = CheckpointSet(a="/a", b="/b", b_control="/c", control_tensor="norm")
