@@ -8,9 +8,10 @@ Beside the stock families: a vision-language family whose prompts carry generate
 (``idefics3``, with path ``encoder_cache``), a tied-embedding variant of each dense one (``<family>-tied``), and
 a Qwen3 with checkpoint KV-cache scales run with an fp8 KV cache (``qwen3-fp8kv``, its engine
 arguments come with the family). Each attention family runs again with a speculative-decoding
-drafter of its own checkpoint (``DRAFTER_PATHS``), and the Llama once more with an EAGLE head."""
+drafter of its own checkpoint (``DRAFTER_PATHS``), the Llama once more with an EAGLE head, and a
+MiMo with the multi-token-prediction layer its checkpoint carries (``mimo``, an MTP drafter)."""
 
-from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, TIED_FAMILIES, VISION_FAMILIES
+from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, MTP_FAMILIES, TIED_FAMILIES, VISION_FAMILIES
 from harness.spec.engine_config import EngineConfig
 from harness.spec.scenario import ModelRef, ScenarioSpec
 from scenarios.default import CPU_PATHS
@@ -20,7 +21,7 @@ ZOO_DTYPES = ("bfloat16", "float16")
 VISION_PATHS = ("encoder_cache",)
 """Paths about images: they run on the vision-language family and are SKIPPED, without an engine,
 on the text ones."""
-ZOO_FAMILIES = FAMILIES + VISION_FAMILIES + TIED_FAMILIES + KV_FAMILIES
+ZOO_FAMILIES = FAMILIES + VISION_FAMILIES + TIED_FAMILIES + KV_FAMILIES + MTP_FAMILIES
 ZOO_MODELS = tuple(ModelRef(label=f.label, builder=f"zoo:{f.label}", engine_args=f.engine_args) for f in ZOO_FAMILIES)
 SSM_FAMILIES = ("mamba2", "nemotron-h", "granitemoe-hybrid")
 """Families with Mamba layers, left out of the drafter cells: with a draft_model drafter vLLM 0.32
@@ -39,10 +40,14 @@ EAGLE_MODELS = ("llama",)
 """The EAGLE drafter cells' family: vLLM 0.32 runs an EAGLE head (method ``eagle``) for a Llama-family
 target only (``EagleLlamaForCausalLM``); the harness derives each checkpoint's head from its last
 layer (``harness.checkpoints.eagle``)."""
+MTP_MODELS = tuple(f.label for f in MTP_FAMILIES)
+"""The MTP drafter cells' families: vLLM 0.32's MiMo MTP layer drafts one token a step (its forward
+asserts ``spec_step_idx == 0``)."""
 ZOO_ENGINE_CONFIGS = (
     EngineConfig(paths=CPU_PATHS + VISION_PATHS),
     EngineConfig(label="drafter", models=DRAFTER_MODELS, draft_tokens=2, paths=DRAFTER_PATHS),
     EngineConfig(label="eagle", models=EAGLE_MODELS, draft_tokens=2, drafter="eagle", paths=DRAFTER_PATHS),
+    EngineConfig(label="mtp", models=MTP_MODELS, draft_tokens=1, drafter="mtp", paths=DRAFTER_PATHS),
 )
 
 
@@ -50,8 +55,8 @@ def zoo() -> ScenarioSpec:
     return ScenarioSpec(
         name="zoo",
         description=f"{len(FAMILIES)} stock architecture families, {len(VISION_FAMILIES)} vision-language one, "
-        f"{len(TIED_FAMILIES)} tied-embedding variants and an fp8 KV cache with checkpoint scales x every CPU path, "
-        "bf16 and fp16",
+        f"{len(TIED_FAMILIES)} tied-embedding variants, an fp8 KV cache with checkpoint scales and a MiMo with an "
+        "MTP layer x every CPU path, bf16 and fp16",
         models=ZOO_MODELS,
         engine_configs=ZOO_ENGINE_CONFIGS,
         paths=CPU_PATHS + VISION_PATHS + ("reload_weights_drafter",),

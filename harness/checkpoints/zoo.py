@@ -82,6 +82,10 @@ class Family:
     """A dense attention family (no MoE, MLA or SSM): the zoo has a tied-embedding variant of it."""
     vision: VisionInputs | None = None
     """A vision-language family: how its checkpoint takes images (None: text only)."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers written beside the model, as MiMo's checkpoints carry them
+    (``model.mtp_layers.N.*``: a decoder layer between token, hidden and final norms and an input
+    projection); the target skips them and vLLM's ``mtp`` drafter loads them (``add_mtp_layers``)."""
 
     def tied(self) -> Family:
         """The same family with ``tie_word_embeddings=true``: the checkpoint has no
@@ -437,8 +441,29 @@ DEEPSEEK_V3 = Family(
 )
 """A tiny DeepSeek-V3 (noaux_tc routing with a correction bias), for the regression corpus."""
 
+_QWEN2 = next(f for f in FAMILIES if f.label == "qwen2")
+MTP_FAMILIES: tuple[Family, ...] = (
+    replace(
+        _QWEN2,
+        label="mimo",
+        architecture="MiMoForCausalLM",
+        covers="MiMo: a Qwen2 whose checkpoint carries a multi-token-prediction layer (model.mtp_layers.0), "
+        "which vLLM's mtp drafter loads and the target skips",
+        extra=(("num_nextn_predict_layers", 1),),
+        dense=False,
+        mtp_layers=1,
+    ),
+)
+"""Families whose checkpoints carry multi-token-prediction layers: the zoo's MTP drafter cells."""
+
 ALL_FAMILIES: tuple[Family, ...] = (
-    FAMILIES + VISION_FAMILIES + TIED_FAMILIES + KV_FAMILIES + KV_FIXTURE_FAMILIES + (HUNYUAN_V3, DEEPSEEK_V3)
+    FAMILIES
+    + VISION_FAMILIES
+    + TIED_FAMILIES
+    + KV_FAMILIES
+    + MTP_FAMILIES
+    + KV_FIXTURE_FAMILIES
+    + (HUNYUAN_V3, DEEPSEEK_V3)
 )
 
 
@@ -552,7 +577,7 @@ ONLINE_QUANT_FAMILIES: tuple[Family, ...] = (
 engine quantizes at load and again on every reload)."""
 
 QWEN2_ONLINE_FP8 = replace(
-    next(f for f in FAMILIES if f.label == "qwen2"),
+    _QWEN2,
     label="qwen2-online-fp8",
     covers="the tiny Qwen2 (QKV biases) quantized online (quantization=fp8_per_channel): the linear layers' "
     "biases pass through unquantized (the regression corpus's online-quantization bias entry; not in the "
@@ -599,6 +624,7 @@ def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
             "neutral": fam.neutral_norm,
             **({"vision": fam.vision} if fam.vision else {}),
             **({"kv_scales": KV_SCALES_RECIPE} if fam.kv_scales else {}),
+            **({"mtp_layers": fam.mtp_layers} if fam.mtp_layers else {}),
         },
         sort_keys=True,
         default=str,
@@ -652,6 +678,8 @@ def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
     (staging / "config.json").write_text(json.dumps(cfg, indent=2))
     if fam.kv_scales:
         add_kv_scales(staging, cfg["num_hidden_layers"], seed)
+    if fam.mtp_layers:
+        add_mtp_layers(staging, fam.mtp_layers, fam.neutral_norm, seed)
 
 
 def vision_tokenizer(vision: VisionInputs):
@@ -702,4 +730,35 @@ def add_kv_scales(checkpoint: Path, layers: int, seed: int = 0) -> None:
         k, v = (0.02 + 0.02 * torch.rand((), generator=gen) for _ in range(2))
         tensors[f"model.layers.{i}.self_attn.k_scale"] = k.to(torch.float32)
         tensors[f"model.layers.{i}.self_attn.v_scale"] = v.to(torch.float32)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})
+
+
+MTP_NORMS = ("token_layernorm", "hidden_layernorm", "final_layernorm")
+"""The norms a MiMo multi-token-prediction layer adds around its decoder layer."""
+
+
+def add_mtp_layers(checkpoint: Path, count: int, neutral_norm: float, seed: int = 0) -> None:
+    """MiMo's multi-token-prediction layers, appended to the checkpoint: ``model.mtp_layers.N.``
+    plus a decoder layer shaped like ``model.layers.0`` (drawn afresh, so it drafts its own
+    tokens), the three ``MTP_NORMS`` and ``input_proj`` (hidden x 2 hidden), drawn like the
+    model's own tensors: norms around neutral, biases and weights around 0."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(seed + 29)
+    file = next(iter(sorted(checkpoint.glob("*.safetensors"))))
+    tensors = load_file(file)
+    first = "model.layers.0."
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    shapes = {n[len(first) :]: t.shape for n, t in tensors.items() if n.startswith(first)}
+    shapes |= {f"{norm}.weight": torch.Size([hidden]) for norm in MTP_NORMS}
+    shapes["input_proj.weight"] = torch.Size([hidden, 2 * hidden])
+    for i in range(count):
+        for name, shape in sorted(shapes.items()):
+            noise = torch.randn(shape, generator=gen)
+            if name.endswith("norm.weight"):
+                value = neutral_norm + 0.2 * noise
+            else:
+                value = (0.05 if name.endswith(".bias") else 0.02) * noise
+            tensors[f"model.mtp_layers.{i}.{name}"] = value.to(torch.float32)
     save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})

@@ -128,8 +128,9 @@ def add_parsers(sub) -> None:
         "--drafter",
         choices=DRAFTERS,
         default=None,
-        help="with --draft-tokens: draft_model (the engine's own checkpoint drafts, the default) or eagle "
-        "(an EAGLE head the harness derives from each checkpoint; vLLM runs it for Llama-family targets)",
+        help="with --draft-tokens: draft_model (the engine's own checkpoint drafts, the default), eagle "
+        "(an EAGLE head the harness derives from each checkpoint; vLLM runs it for Llama-family targets) or "
+        "mtp (the checkpoint's own multi-token-prediction layers, e.g. MiMo's)",
     )
     run.add_argument("--seed", type=int, default=None, help=f"perturbation seed for B (default: {PerturbSpec.seed})")
     run.add_argument(

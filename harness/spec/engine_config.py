@@ -32,11 +32,13 @@ rollback; vLLM refuses it with LoRA, online quantization and sharded_rdt). Befor
 reload is layerwise, and a ``direct`` cell is SKIPPED as declined by vLLM."""
 RELOAD_MODES: tuple[ReloadMode, ...] = ("layerwise", "direct")
 """Every reload mode, vLLM's default first."""
-DrafterMethod = Literal["draft_model", "eagle"]
+DrafterMethod = Literal["draft_model", "eagle", "mtp"]
 """The speculative-decoding drafter every engine of a run drafts with (``--drafter``): vLLM's
-``draft_model``, loaded from the engine's own checkpoint (the target drafts for itself), or an
-``eagle`` head the harness writes per checkpoint (``harness.checkpoints.eagle``)."""
-DRAFTERS: tuple[DrafterMethod, ...] = ("draft_model", "eagle")
+``draft_model``, loaded from the engine's own checkpoint (the target drafts for itself), an
+``eagle`` head the harness writes per checkpoint (``harness.checkpoints.eagle``), or ``mtp``, the
+multi-token-prediction layers a checkpoint carries beside its model (MiMo's ``model.mtp_layers``),
+which vLLM loads into a drafter of their own."""
+DRAFTERS: tuple[DrafterMethod, ...] = ("draft_model", "eagle", "mtp")
 """Every drafter, the default first."""
 RELOAD_MODE_ENV = "VLLM_RELOAD_MODE"
 """The variable vLLM reads, once per process, for the reload mode."""

@@ -61,9 +61,10 @@ class EngineSpec:
     target drafts for itself, so a cold engine accepts every draft), and the census and the
     observations cover the drafter. 0: no drafter."""
     drafter: DrafterMethod = "draft_model"
-    """The drafter's kind (``--drafter``): ``draft_model`` as above, or ``eagle``, an EAGLE head
+    """The drafter's kind (``--drafter``): ``draft_model`` as above, ``eagle``, an EAGLE head
     the harness derives from each arm's checkpoint (``harness.checkpoints.eagle``: a cold B drafts
-    with B's head). Only with ``draft_tokens``."""
+    with B's head), or ``mtp``, the checkpoint's own multi-token-prediction layers. Only with
+    ``draft_tokens``."""
     engine_args: EngineArgs = ()
     """Further vLLM engine arguments every arm is built with (``--engine-arg``, ``--engine-config``,
     a scenario's engine configuration), as sorted ``(EngineArgs field, JSON value)`` pairs.

@@ -8,7 +8,8 @@ with a ``draft_model`` drafter loaded from its own checkpoint (``--draft-tokens 
   with its twin (the drafter's reload skipped) caught by a drafter tensor.
 
 One run, three engines (the embedded tiny Qwen3, float32, eager); the same two paths with an
-EAGLE head on the zoo's Llama (bf16), three more; and Gemma 3, refused by vLLM.
+EAGLE head on the zoo's Llama (bf16), three more, and with the MTP layer of the zoo's MiMo (bf16),
+three more; and Gemma 3, refused by vLLM.
 """
 
 from __future__ import annotations
@@ -102,6 +103,37 @@ def test_an_eagle_head_left_at_a_fails_by_its_own_layer_and_its_refit_passes(dra
     assert len(failing) and failing["tensor"].str.startswith(DRAFTER_PREFIX + "model.layers.0.").all(), failing
     refitted = run.summary["paths"]["reload_weights_drafter"]
     assert refitted["verdict"] == "PASS", refitted["reasons"]
+    assert refitted["sabotage"]["evidence"] == "drafter" and refitted["sabotage"]["caught"], refitted["sabotage"]
+    arms = evaluate(run.out, PATHS.get).arms
+    assert all(o.drafts is not None and o.drafts[1] > 0 for a in arms for o in a.observations)  # it drafted
+
+
+@pytest.fixture(scope="module")
+def drafted_mtp(run_oracle):
+    from harness.checkpoints.zoo import tiny_model
+
+    model = str(tiny_model("mimo"))
+    return run_oracle(
+        "drafter-mtp",
+        *("--model", model, "--dtype", "bfloat16", "--draft-tokens", "1", "--drafter", "mtp"),
+        *("--paths", "reload_weights,reload_weights_drafter"),
+    )
+
+
+def test_an_mtp_layer_left_at_a_fails_by_its_own_tensors_and_its_refit_passes(drafted_mtp):
+    """The zoo's MiMo drafts with the multi-token-prediction layer its checkpoint carries:
+    ``reload_weights`` refits the target, which skips that layer, and leaves the drafter's copy at
+    A; ``reload_weights_drafter`` reloads it from B, its twin caught by a drafter tensor."""
+    run = drafted_mtp
+    stale = run.summary["paths"]["reload_weights"]
+    assert run.exit_code == 1 and stale["verdict"] == "FAIL", (stale, run.output[-3000:])
+    assert stale["first_divergent_tensor"].startswith(DRAFTER_PREFIX + "model.mtp_layers."), stale
+    tensors = run.csv("tensors.csv")
+    refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "reload_weights")]
+    failing = refit[refit["status"].isin(["STALE", "CORRUPT", "MISSING"])]
+    assert len(failing) and failing["tensor"].str.startswith(DRAFTER_PREFIX + "model.mtp_layers.").all(), failing
+    refitted = run.summary["paths"]["reload_weights_drafter"]
+    assert refitted["verdict"] == "PASS" and refitted["earned"], refitted["reasons"]
     assert refitted["sabotage"]["evidence"] == "drafter" and refitted["sabotage"]["caught"], refitted["sabotage"]
     arms = evaluate(run.out, PATHS.get).arms
     assert all(o.drafts is not None and o.drafts[1] > 0 for a in arms for o in a.observations)  # it drafted

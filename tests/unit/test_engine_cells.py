@@ -102,7 +102,7 @@ def test_the_zoo_runs_tied_variants_of_the_dense_families_and_the_fp8_kv_family(
     assert all(models[f.label].engine_args == () for f in FAMILIES + TIED_FAMILIES)
 
 
-def test_the_zoo_drafts_with_the_attention_families_and_an_eagle_head_on_the_drafter_paths_only():
+def test_the_zoo_drafts_with_the_attention_families_an_eagle_head_and_an_mtp_layer_on_the_drafter_paths_only():
     from harness.checkpoints.zoo import FAMILIES, VISION_FAMILIES
     from scenarios.zoo import DRAFTER_PATHS, SSM_FAMILIES, zoo
 
@@ -113,6 +113,10 @@ def test_the_zoo_drafts_with_the_attention_families_and_an_eagle_head_on_the_dra
     # vLLM builds EAGLE heads for Llama-family targets: the zoo's Llama, in each dtype, on the same paths.
     assert {i.split("-eagle-")[0] for i in eagle} == {"llama"} and len(eagle) == len(zoo().dtypes)
     assert {(spec.paths, spec.engine.draft_tokens) for spec in eagle.values()} == {(DRAFTER_PATHS, 2)}
+    # MiMo's MTP layer drafts one token a step, from the target's own checkpoint.
+    mtp = {g.id: g.spec for g in groups if g.spec.engine.drafter == "mtp"}
+    assert {i.split("-mtp-")[0] for i in mtp} == {"mimo"} and len(mtp) == len(zoo().dtypes)
+    assert {(spec.paths, spec.engine.draft_tokens) for spec in mtp.values()} == {(DRAFTER_PATHS, 1)}
     # vLLM 0.32 cannot draft for a model with Mamba layers (a bare assertion): no SSM family.
     assert labels == {f.label for f in FAMILIES} - set(SSM_FAMILIES)
     assert not labels & {f.label for f in VISION_FAMILIES}  # vLLM cannot start an Idefics3 drafter
@@ -174,3 +178,29 @@ def test_the_deepseek_v3_checkpoint_has_a_drawn_routing_bias_that_b_moves(tmp_pa
     bias = ta[biases[0]]
     assert bias.shape == (4,) and bool((bias != 0).all())
     assert not bool((tb[biases[0]] == bias).any())
+
+
+def test_an_mtp_checkpoint_carries_a_drafting_layer_the_target_skips_and_b_moves_it(tmp_path):
+    """MiMo's multi-token-prediction layer sits beside the model in the checkpoint: a decoder
+    layer shaped like the model's first, its own norms and input projection; B moves it like
+    every tensor, so a drafter left at A is visible in the census."""
+    from safetensors.torch import load_file
+
+    from harness.checkpoints.derived import perturbed
+    from harness.checkpoints.read import read_headers
+    from harness.checkpoints.zoo import MTP_NORMS, tiny_model
+    from harness.spec.run import PerturbSpec
+
+    a = tiny_model("mimo", cache=tmp_path)
+    config = json.loads((a / "config.json").read_text())
+    assert config["architectures"] == ["MiMoForCausalLM"] and config["num_nextn_predict_layers"] == 1
+    names = set(read_headers(a))
+    mtp = {n.removeprefix("model.mtp_layers.0.") for n in names if n.startswith("model.mtp_layers.")}
+    layer = {n.removeprefix("model.layers.0.") for n in names if n.startswith("model.layers.0.")}
+    assert mtp == layer | {f"{norm}.weight" for norm in MTP_NORMS} | {"input_proj.weight"}
+    assert not any(n.startswith("model.mtp_layers.1.") for n in names)
+    ta = load_file(a / "model.safetensors")
+    tb = load_file(perturbed(a, PerturbSpec(), cache=tmp_path) / "model.safetensors")
+    assert all(not ta[n].equal(tb[n]) for n in ta if n.startswith("model.mtp_layers."))
+    # A layer drawn afresh, not a copy of the model's own: it drafts tokens of its own.
+    assert not ta["model.mtp_layers.0.mlp.up_proj.weight"].equal(ta["model.layers.0.mlp.up_proj.weight"])
