@@ -77,61 +77,44 @@ def test_a_drafter_of_a_model_with_sliding_and_full_layers_is_skipped_in_vllms_w
     assert any("should belong to the same kv cache group" in r for r in path["reasons"]), path["reasons"]
 
 
-@pytest.fixture(scope="module")
-def drafted_eagle(run_oracle):
+DRAFTER_LAYERS = {
+    "eagle": ("llama", 2, "model.layers.0."),
+    "mtp": ("mimo", 1, "model.mtp_layers."),
+}
+"""Drafters with layers of their own: ``--drafter`` -> (the zoo family it drafts for, draft tokens,
+the prefix of the drafter's own layer). EAGLE: the zoo's Llama with a head per checkpoint (its
+last layer behind a pass-through ``fc``), whose embedding and ``lm_head`` are the target's. MTP:
+the zoo's MiMo, whose checkpoint carries the layer beside the model (the target skips it); vLLM
+0.32's MiMo MTP drafts one token a step."""
+
+
+@pytest.fixture(scope="module", params=sorted(DRAFTER_LAYERS))
+def drafted_layer(request, run_oracle):
     from harness.checkpoints.zoo import tiny_model
 
-    model = str(tiny_model("llama"))
-    return run_oracle(
-        "drafter-eagle",
-        *("--model", model, "--dtype", "bfloat16", "--draft-tokens", "2", "--drafter", "eagle"),
-        *("--paths", "reload_weights,reload_weights_drafter"),
+    family, tokens, _ = DRAFTER_LAYERS[request.param]
+    run = run_oracle(
+        f"drafter-{request.param}",
+        *("--model", str(tiny_model(family)), "--dtype", "bfloat16", "--draft-tokens", str(tokens)),
+        *("--drafter", request.param, "--paths", "reload_weights,reload_weights_drafter"),
     )
+    return request.param, run
 
 
-def test_an_eagle_head_left_at_a_fails_by_its_own_layer_and_its_refit_passes(drafted_eagle):
-    """The zoo's Llama with an EAGLE head per checkpoint (its last layer behind a pass-through ``fc``):
-    ``reload_weights`` leaves the head's own layer at A while the embedding and ``lm_head`` it shares
-    with the target follow; ``reload_weights_drafter`` reloads the head from B's, its twin caught."""
-    run = drafted_eagle
+def test_a_drafters_own_layer_left_at_a_fails_by_its_tensors_and_its_refit_passes(drafted_layer):
+    """``reload_weights`` refits the target and leaves the drafter's own layer at A (the EAGLE
+    head's layer; the MTP layer, though B's file that the reload reads holds the new one), the
+    target's tensors OK; ``reload_weights_drafter`` reloads the drafter from B, its twin caught by
+    a drafter tensor."""
+    drafter, run = drafted_layer
+    own = DRAFTER_PREFIX + DRAFTER_LAYERS[drafter][2]
     stale = run.summary["paths"]["reload_weights"]
     assert run.exit_code == 1 and stale["verdict"] == "FAIL", (stale, run.output[-3000:])
-    assert stale["first_divergent_tensor"].startswith(DRAFTER_PREFIX + "model.layers.0."), stale
+    assert stale["first_divergent_tensor"].startswith(own), stale
     tensors = run.csv("tensors.csv")
     refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "reload_weights")]
     failing = refit[refit["status"].isin(["STALE", "CORRUPT", "MISSING"])]
-    assert len(failing) and failing["tensor"].str.startswith(DRAFTER_PREFIX + "model.layers.0.").all(), failing
-    refitted = run.summary["paths"]["reload_weights_drafter"]
-    assert refitted["verdict"] == "PASS", refitted["reasons"]
-    assert refitted["sabotage"]["evidence"] == "drafter" and refitted["sabotage"]["caught"], refitted["sabotage"]
-    arms = evaluate(run.out, PATHS.get).arms
-    assert all(o.drafts is not None and o.drafts[1] > 0 for a in arms for o in a.observations)  # it drafted
-
-
-@pytest.fixture(scope="module")
-def drafted_mtp(run_oracle):
-    from harness.checkpoints.zoo import tiny_model
-
-    model = str(tiny_model("mimo"))
-    return run_oracle(
-        "drafter-mtp",
-        *("--model", model, "--dtype", "bfloat16", "--draft-tokens", "1", "--drafter", "mtp"),
-        *("--paths", "reload_weights,reload_weights_drafter"),
-    )
-
-
-def test_an_mtp_layer_left_at_a_fails_by_its_own_tensors_and_its_refit_passes(drafted_mtp):
-    """The zoo's MiMo drafts with the multi-token-prediction layer its checkpoint carries:
-    ``reload_weights`` refits the target, which skips that layer, and leaves the drafter's copy at
-    A; ``reload_weights_drafter`` reloads it from B, its twin caught by a drafter tensor."""
-    run = drafted_mtp
-    stale = run.summary["paths"]["reload_weights"]
-    assert run.exit_code == 1 and stale["verdict"] == "FAIL", (stale, run.output[-3000:])
-    assert stale["first_divergent_tensor"].startswith(DRAFTER_PREFIX + "model.mtp_layers."), stale
-    tensors = run.csv("tensors.csv")
-    refit = tensors[(tensors["check"] == "refit") & (tensors["path"] == "reload_weights")]
-    failing = refit[refit["status"].isin(["STALE", "CORRUPT", "MISSING"])]
-    assert len(failing) and failing["tensor"].str.startswith(DRAFTER_PREFIX + "model.mtp_layers.").all(), failing
+    assert len(failing) and failing["tensor"].str.startswith(own).all(), failing
     refitted = run.summary["paths"]["reload_weights_drafter"]
     assert refitted["verdict"] == "PASS" and refitted["earned"], refitted["reasons"]
     assert refitted["sabotage"]["evidence"] == "drafter" and refitted["sabotage"]["caught"], refitted["sabotage"]
