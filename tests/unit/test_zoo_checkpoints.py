@@ -241,6 +241,10 @@ def test_moe_reload_issue_covers_every_measured_reload_path_and_the_deepseek_sav
     v3 = PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)", "0.32.0", "DeepseekV3ForCausalLM", "float32"))
     assert v3 is not None and v3.tensor_pattern == r"\.experts\."
     assert not re.search(v3.tensor_pattern, "model.layers.1.mlp.gate.e_score_correction_bias")
+    # A drafter cell's reload reloads the target's experts too (measured on every MoE family).
+    for arch in ("Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM"):
+        drafted = PATHS.get("reload_weights_drafter").known_issue(Subject("cpu (x86_64)", "0.32.0", arch, "float16"))
+        assert drafted is not None and drafted.tensor_pattern == r"\.experts\.", arch
     save = PATHS.get("sharded_state").known_issue(
         Subject("cpu (x86_64)", "0.32.0", "DeepseekV2ForCausalLM", "bfloat16")
     )
