@@ -217,10 +217,25 @@ def test_a_dead_ray_actor_is_that_arms_error_and_the_run_goes_on(tmp_path, monke
     assert "the Ray actor running this arm died" in " ".join(
         next(v for v in evaluate(tmp_path, PATHS.get).verdicts if v.path == "reload_weights").reasons
     )
-    deadline = time.monotonic() + 20
-    while run_processes(marker=marker) and time.monotonic() < deadline:
+
+    def ours() -> dict[int, str]:
+        """The marked processes that are not Ray's own: Ray's raylet, GCS, dashboard and idle
+        workers also carry the marker and wind down on their own schedule (one outlived 20 s
+        on a loaded 2-core CI machine); the arm, its engine and a zygote must not."""
+        found = {}
+        for pid in run_processes(marker=marker):
+            try:
+                cmd = " ".join(psutil.Process(pid).cmdline())
+            except psutil.Error:
+                continue
+            if not cmd.startswith("ray::") and "/ray/" not in cmd:
+                found[pid] = cmd
+        return found
+
+    deadline = time.monotonic() + 60
+    while ours() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not run_processes(marker=marker), "the arm or its engine outlived the killed actor"
+    assert not ours(), f"the arm or its engine outlived the killed actor: {ours()}"
 
 
 FAULTY = "FaultyReloadQwen3ForCausalLM"
