@@ -143,7 +143,11 @@ SPEC_DECODE_COUNTERS = ("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decod
 
 def draft_counts_of(metrics: list) -> tuple[int, int] | None:
     """``(accepted, proposed)`` from ``LLM.get_metrics()``; None when it has no drafter counters."""
-    found = {m.name: int(m.value) for m in metrics if m.name in SPEC_DECODE_COUNTERS}
+    return _accepted_and_proposed({m.name: int(m.value) for m in metrics if m.name in SPEC_DECODE_COUNTERS})
+
+
+def _accepted_and_proposed(found: dict[str, int]) -> tuple[int, int] | None:
+    """``(accepted, proposed)`` from the counters found by name; None unless both were."""
     if len(found) < len(SPEC_DECODE_COUNTERS):
         return None
     return found[SPEC_DECODE_COUNTERS[0]], found[SPEC_DECODE_COUNTERS[1]]
@@ -160,9 +164,7 @@ def draft_counts_of_exposition(text: str) -> tuple[int, int] | None:
         for family in text_string_to_metric_families(text)
         if family.name in SPEC_DECODE_COUNTERS
     }
-    if len(found) < len(SPEC_DECODE_COUNTERS):
-        return None
-    return found[SPEC_DECODE_COUNTERS[0]], found[SPEC_DECODE_COUNTERS[1]]
+    return _accepted_and_proposed(found)
 
 
 def _llm_kwargs(arm: ArmPlan, overrides: dict[str, Any] | None, cuda: bool | None = None) -> dict[str, Any]:
