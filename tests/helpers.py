@@ -11,9 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.run_dir import RunDir
+from harness.spec.known_issues import MOE_KERNEL
 
 CLI = (sys.executable, "-m", "harness.cli")
 """``refit-harness``, as this interpreter starts it."""
+
+FUSED_EXPERTS = (f"{MOE_KERNEL}CPUUnquantizedExperts isa=vec",)
+"""``Subject.kernels`` of a zoo MoE subject on the CPU: the fused-MoE kernel its arm recorded
+(what the CPU fused-MoE reload issue is scoped by)."""
 
 
 def cli(

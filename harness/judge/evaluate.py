@@ -36,7 +36,7 @@ from harness.plan import (
 from harness.records import ArmResult, ObservationLabel
 from harness.run_dir import RunDir
 from harness.spec.checkpoint_set import adapted_weight, trainer_target
-from harness.spec.known_issues import Refusal, Subject, quantization_of
+from harness.spec.known_issues import MOE_KERNEL, Refusal, Subject, quantization_of
 from harness.spec.path_declaration import PathLookup
 from harness.spec.run import JudgePolicy
 
@@ -106,7 +106,10 @@ def evaluate(out: Path, path_for: PathLookup) -> Evaluation:
             architecture,
             record.spec.engine.dtype,
             cpu_flags_of(subject, record),
-            next((o.model.quant_kernels for o in subject.observations), ()),
+            (
+                *next((o.model.quant_kernels for o in subject.observations), ()),
+                *(f"{MOE_KERNEL}{k.path}" for k in subject.kernel_paths if k.kind == "moe"),
+            ),
             quantization_of(record.checkpoints.quantization, record.spec.engine.vllm_kwargs()),
             record.checkpoints.tied_embeddings,
             record.spec.engine.reload_mode,

