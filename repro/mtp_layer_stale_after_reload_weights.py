@@ -13,7 +13,12 @@ spread). Start on A with ``speculative_config={"method": "mtp"}``, ``reload_weig
 read the drafter's ``token_layernorm.weight`` and compare it with B's on disk. Exit 1 while the
 drafter's layer differs from B's.
 
-Run: python repro/mtp_layer_stale_after_reload_weights.py [--refit-drafter]
+``--deepseek``: the same with DeepSeek-V3's layout instead, a tiny DeepSeek-V3 (MLA, every layer
+dense) whose checkpoint carries the MTP layer as the layer after the model's last
+(``model.layers.2.*``: a decoder layer with ``enorm``, ``hnorm``, ``eh_proj`` and
+``shared_head.norm``), which vLLM's ``DeepSeekMTP`` drafter loads; the norm read is ``enorm``.
+
+Run: python repro/mtp_layer_stale_after_reload_weights.py [--deepseek] [--refit-drafter]
 (``--refit-drafter``, the twin: after ``reload_weights`` the same reload lifecycle is run on the
 drafter's model too; then it holds B's layer and the script exits 0).
 """
@@ -29,36 +34,45 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 REFIT_DRAFTER = "--refit-drafter" in sys.argv[1:]
-ON_DISK = "model.mtp_layers.0.token_layernorm.weight"
-"""The MTP layer's first norm as the checkpoint names it (vLLM renumbers the layer in the drafter)."""
+DEEPSEEK = "--deepseek" in sys.argv[1:]
+NORM = "enorm" if DEEPSEEK else "token_layernorm"
+"""The MTP layer's first norm."""
+ON_DISK = "model.layers.2.enorm.weight" if DEEPSEEK else "model.mtp_layers.0.token_layernorm.weight"
+"""That norm as the checkpoint names it (vLLM renumbers MiMo's layer in the drafter)."""
+
+
+def model_and_mtp_names():
+    """The target (a transformers model) and its MTP layer's prefix, norms and input projection."""
+    import transformers
+
+    shape = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, max_position_embeddings=512)
+    shape |= dict(tie_word_embeddings=False, num_attention_heads=4, num_key_value_heads=4)
+    if DEEPSEEK:
+        # MLA as vLLM's CPU backend runs it (a latent of 512 + 64); every layer dense, the MTP one too.
+        mla = dict(kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32)
+        config = transformers.DeepseekV3Config(**shape, **mla, intermediate_size=256, first_k_dense_replace=3)
+        model = transformers.DeepseekV3ForCausalLM(config)
+        return model, "model.layers.2.", ("enorm", "hnorm", "shared_head.norm"), "eh_proj"
+    config = transformers.Qwen2Config(**shape | dict(num_key_value_heads=2), intermediate_size=256, head_dim=32)
+    model = transformers.Qwen2ForCausalLM(config)
+    return model, "model.mtp_layers.0.", ("token_layernorm", "hidden_layernorm", "final_layernorm"), "input_proj"
 
 
 def checkpoint(directory: Path, seed: int) -> str:
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(str(directory), safe_serialization=True)
+    model, prefix, norms, projection = model_and_mtp_names()
+    model.save_pretrained(str(directory), safe_serialization=True)
     tensors = load_file(directory / "model.safetensors")
     # The MTP layer: a decoder layer like the first (drawn afresh), its norms and input projection.
     gen = torch.Generator().manual_seed(29)
-    mtp = {f"model.mtp_layers.0.{n[len('model.layers.0.') :]}": t for n, t in tensors.items() if ".layers.0." in n}
+    mtp = {prefix + n[len("model.layers.0.") :]: t for n, t in tensors.items() if n.startswith("model.layers.0.")}
     mtp = {n: 0.02 * torch.randn(t.shape, generator=gen) for n, t in mtp.items()}
-    for norm in ("token_layernorm", "hidden_layernorm", "final_layernorm"):
-        mtp[f"model.mtp_layers.0.{norm}.weight"] = 1 + 0.2 * torch.randn(128, generator=gen)
-    mtp["model.mtp_layers.0.input_proj.weight"] = 0.02 * torch.randn(128, 256, generator=gen)
+    for norm in norms:
+        mtp[f"{prefix}{norm}.weight"] = 1 + 0.2 * torch.randn(128, generator=gen)
+    mtp[f"{prefix}{projection}.weight"] = 0.02 * torch.randn(128, 256, generator=gen)
     tensors |= mtp
     if seed:
         gen = torch.Generator().manual_seed(seed)
@@ -70,15 +84,16 @@ def checkpoint(directory: Path, seed: int) -> str:
         {n: t.contiguous() for n, t in tensors.items()}, directory / "model.safetensors", metadata={"format": "pt"}
     )
     cfg = json.loads((directory / "config.json").read_text())
-    cfg.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1, torch_dtype="float32")
+    cfg.update(num_nextn_predict_layers=1, torch_dtype="float32")
+    cfg.update(architectures=["DeepseekV3ForCausalLM"] if DEEPSEEK else ["MiMoForCausalLM"])
     (directory / "config.json").write_text(json.dumps(cfg))
     return str(directory)
 
 
 def drafter_norm(worker):
-    """The drafter's MTP ``token_layernorm.weight``, as its kernels read it."""
+    """The drafter's MTP norm (``NORM``), as its kernels read it."""
     params = dict(worker.model_runner.drafter.model.named_parameters())
-    name = next(n for n in params if n.endswith("token_layernorm.weight"))
+    name = next(n for n in params if n.endswith(f".{NORM}.weight"))
     return name, params[name].flatten()[:4].float().tolist()
 
 

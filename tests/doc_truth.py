@@ -38,6 +38,7 @@ FOREIGN_FLAGS = {
     "--no-amx": "repro/*.py",
     "--as-avx2": "repro/*.py",
     "--refit-drafter": "repro/*.py",
+    "--deepseek": "repro/*.py",
     "--bf16-checkpoint": "repro/*.py",
     "--reset-encoder-cache": "repro/*.py",
     "--same-path": "repro/*.py",

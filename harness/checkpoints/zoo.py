@@ -15,6 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from harness.cache import cached_variant
 from harness.checkpoints.variants import KV_FP8_CONFIG
@@ -24,6 +25,8 @@ from harness.spec.engine_config import EngineArgs, encode
 _COMMON = dict(
     vocab_size=512, hidden_size=128, num_hidden_layers=2, max_position_embeddings=512, tie_word_embeddings=False
 )
+MtpLayout = Literal["mimo", "deepseek"]
+"""How a checkpoint names its multi-token-prediction layers (``Family.mtp_layout``)."""
 _ATTN = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)  # CPU attention rejects head_dim 16
 
 
@@ -83,9 +86,13 @@ class Family:
     vision: VisionInputs | None = None
     """A vision-language family: how its checkpoint takes images (None: text only)."""
     mtp_layers: int = 0
-    """Multi-token-prediction layers written beside the model, as MiMo's checkpoints carry them
-    (``model.mtp_layers.N.*``: a decoder layer between token, hidden and final norms and an input
-    projection); the target skips them and vLLM's ``mtp`` drafter loads them (``add_mtp_layers``)."""
+    """Multi-token-prediction layers written beside the model, named as ``mtp_layout`` says; the
+    target skips them and vLLM's ``mtp`` drafter loads them (``add_mtp_layers``)."""
+    mtp_layout: MtpLayout = "mimo"
+    """How the checkpoint names its MTP layers: ``mimo`` (``model.mtp_layers.N.*``: a decoder layer
+    between token, hidden and final norms and an input projection) or ``deepseek``
+    (``model.layers.<layers + N>.*``: a decoder layer with ``enorm``, ``hnorm``, ``eh_proj`` and a
+    ``shared_head`` norm and head, as DeepSeek-V3's checkpoints carry it)."""
 
     def tied(self) -> Family:
         """The same family with ``tie_word_embeddings=true``: the checkpoint has no
@@ -453,6 +460,18 @@ MTP_FAMILIES: tuple[Family, ...] = (
         dense=False,
         mtp_layers=1,
     ),
+    replace(
+        DEEPSEEK_V3,
+        label="deepseek-v3-mtp",
+        # Every layer dense, the MTP layer too (vLLM and transformers make layer i a MoE layer from
+        # first_k_dense_replace on): CPU's fused-MoE reload corruption (a known issue) stays out.
+        config=tuple(sorted({**dict(DEEPSEEK_V3.config), "first_k_dense_replace": 3}.items())),
+        covers="DeepSeek-V3 with dense MLA layers and the multi-token-prediction layer its checkpoints carry "
+        "(model.layers.2: enorm, hnorm, eh_proj, shared_head.norm), which vLLM's mtp drafter (DeepSeekMTP) loads",
+        extra=(*DEEPSEEK_V3.extra, ("num_nextn_predict_layers", 1)),
+        mtp_layers=1,
+        mtp_layout="deepseek",
+    ),
 )
 """Families whose checkpoints carry multi-token-prediction layers: the zoo's MTP drafter cells."""
 
@@ -625,6 +644,7 @@ def tiny_model(label: str, seed: int = 0, cache: Path = DEFAULT_CACHE) -> Path:
             **({"vision": fam.vision} if fam.vision else {}),
             **({"kv_scales": KV_SCALES_RECIPE} if fam.kv_scales else {}),
             **({"mtp_layers": fam.mtp_layers} if fam.mtp_layers else {}),
+            **({"mtp_layout": fam.mtp_layout} if fam.mtp_layers and fam.mtp_layout != "mimo" else {}),
         },
         sort_keys=True,
         default=str,
@@ -679,7 +699,7 @@ def _write_tiny_model(fam: Family, seed: int, staging: Path) -> None:
     if fam.kv_scales:
         add_kv_scales(staging, cfg["num_hidden_layers"], seed)
     if fam.mtp_layers:
-        add_mtp_layers(staging, fam.mtp_layers, fam.neutral_norm, seed)
+        add_mtp_layers(staging, fam.mtp_layers, fam.neutral_norm, seed, fam.mtp_layout)
 
 
 def vision_tokenizer(vision: VisionInputs):
@@ -733,15 +753,25 @@ def add_kv_scales(checkpoint: Path, layers: int, seed: int = 0) -> None:
     save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})
 
 
-MTP_NORMS = ("token_layernorm", "hidden_layernorm", "final_layernorm")
-"""The norms a MiMo multi-token-prediction layer adds around its decoder layer."""
+MTP_NORMS: dict[MtpLayout, tuple[str, ...]] = {
+    "mimo": ("token_layernorm", "hidden_layernorm", "final_layernorm"),
+    "deepseek": ("enorm", "hnorm", "shared_head.norm"),
+}
+"""The norms a multi-token-prediction layer adds around its decoder layer, by layout."""
 
 
-def add_mtp_layers(checkpoint: Path, count: int, neutral_norm: float, seed: int = 0) -> None:
-    """MiMo's multi-token-prediction layers, appended to the checkpoint: ``model.mtp_layers.N.``
-    plus a decoder layer shaped like ``model.layers.0`` (drawn afresh, so it drafts its own
-    tokens), the three ``MTP_NORMS`` and ``input_proj`` (hidden x 2 hidden), drawn like the
-    model's own tensors: norms around neutral, biases and weights around 0."""
+def add_mtp_layers(
+    checkpoint: Path, count: int, neutral_norm: float, seed: int = 0, layout: MtpLayout = "mimo"
+) -> None:
+    """Multi-token-prediction layers, appended to the checkpoint under ``layout``'s names: a
+    decoder layer shaped like ``model.layers.0`` (drawn afresh, so it drafts its own tokens), the
+    layout's ``MTP_NORMS`` and its input projection (hidden x 2 hidden: MiMo's ``input_proj``,
+    DeepSeek's ``eh_proj``), drawn like the model's own tensors: norms around neutral, biases and
+    weights around 0. MiMo's layer N is ``model.mtp_layers.N``; DeepSeek's is
+    ``model.layers.<num_hidden_layers + N>``, without the ``shared_head.head`` copy of ``lm_head``
+    DeepSeek-V3's files carry: vLLM makes the target's ``lm_head`` that head, and a B perturbed
+    tensor by tensor would give the copy values of its own, which a drafter reload writes into
+    the target's head (docs/findings/drafter_stale_after_reload_weights.md)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -751,14 +781,17 @@ def add_mtp_layers(checkpoint: Path, count: int, neutral_norm: float, seed: int 
     first = "model.layers.0."
     hidden = tensors["model.embed_tokens.weight"].shape[1]
     shapes = {n[len(first) :]: t.shape for n, t in tensors.items() if n.startswith(first)}
-    shapes |= {f"{norm}.weight": torch.Size([hidden]) for norm in MTP_NORMS}
-    shapes["input_proj.weight"] = torch.Size([hidden, 2 * hidden])
+    shapes |= {f"{norm}.weight": torch.Size([hidden]) for norm in MTP_NORMS[layout]}
+    projection = "input_proj" if layout == "mimo" else "eh_proj"
+    shapes[f"{projection}.weight"] = torch.Size([hidden, 2 * hidden])
+    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
     for i in range(count):
+        prefix = f"model.mtp_layers.{i}." if layout == "mimo" else f"model.layers.{layers + i}."
         for name, shape in sorted(shapes.items()):
             noise = torch.randn(shape, generator=gen)
             if name.endswith("norm.weight"):
                 value = neutral_norm + 0.2 * noise
             else:
                 value = (0.05 if name.endswith(".bias") else 0.02) * noise
-            tensors[f"model.mtp_layers.{i}.{name}"] = value.to(torch.float32)
+            tensors[prefix + name] = value.to(torch.float32)
     save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})

@@ -113,9 +113,10 @@ def test_the_zoo_drafts_with_the_attention_families_an_eagle_head_and_an_mtp_lay
     # vLLM builds EAGLE heads for Llama-family targets: the zoo's Llama, in each dtype, on the same paths.
     assert {i.split("-eagle-")[0] for i in eagle} == {"llama"} and len(eagle) == len(zoo().dtypes)
     assert {(spec.paths, spec.engine.draft_tokens) for spec in eagle.values()} == {(DRAFTER_PATHS, 2)}
-    # MiMo's MTP layer drafts one token a step, from the target's own checkpoint.
+    # MiMo's and DeepSeek-V3's MTP layers draft one token a step, from the target's own checkpoint.
     mtp = {g.id: g.spec for g in groups if g.spec.engine.drafter == "mtp"}
-    assert {i.split("-mtp-")[0] for i in mtp} == {"mimo"} and len(mtp) == len(zoo().dtypes)
+    assert {i.rsplit("-mtp-", 1)[0] for i in mtp} == {"mimo", "deepseek-v3-mtp"}
+    assert len(mtp) == 2 * len(zoo().dtypes)
     assert {(spec.paths, spec.engine.draft_tokens) for spec in mtp.values()} == {(DRAFTER_PATHS, 1)}
     # vLLM 0.32 cannot draft for a model with Mamba layers (a bare assertion): no SSM family.
     assert labels == {f.label for f in FAMILIES} - set(SSM_FAMILIES)
@@ -197,10 +198,39 @@ def test_an_mtp_checkpoint_carries_a_drafting_layer_the_target_skips_and_b_moves
     names = set(read_headers(a))
     mtp = {n.removeprefix("model.mtp_layers.0.") for n in names if n.startswith("model.mtp_layers.")}
     layer = {n.removeprefix("model.layers.0.") for n in names if n.startswith("model.layers.0.")}
-    assert mtp == layer | {f"{norm}.weight" for norm in MTP_NORMS} | {"input_proj.weight"}
+    assert mtp == layer | {f"{norm}.weight" for norm in MTP_NORMS["mimo"]} | {"input_proj.weight"}
     assert not any(n.startswith("model.mtp_layers.1.") for n in names)
     ta = load_file(a / "model.safetensors")
     tb = load_file(perturbed(a, PerturbSpec(), cache=tmp_path) / "model.safetensors")
     assert all(not ta[n].equal(tb[n]) for n in ta if n.startswith("model.mtp_layers."))
     # A layer drawn afresh, not a copy of the model's own: it drafts tokens of its own.
     assert not ta["model.mtp_layers.0.mlp.up_proj.weight"].equal(ta["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_a_deepseek_mtp_checkpoint_carries_its_layer_after_the_models_and_b_moves_it(tmp_path):
+    """DeepSeek-V3 names its multi-token-prediction layer as the layer after the model's last
+    (``model.layers.2`` of a 2-layer model): a dense MLA decoder layer shaped like layer 0, with
+    ``enorm``, ``hnorm``, ``eh_proj`` and a ``shared_head.norm`` (vLLM makes the target's
+    ``lm_head`` its head); every layer dense, so no expert weights; B moves every MTP tensor."""
+    from safetensors.torch import load_file
+
+    from harness.checkpoints.derived import perturbed
+    from harness.checkpoints.read import read_headers
+    from harness.checkpoints.zoo import MTP_NORMS, tiny_model
+    from harness.spec.run import PerturbSpec
+
+    a = tiny_model("deepseek-v3-mtp", cache=tmp_path)
+    config = json.loads((a / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"] and config["num_nextn_predict_layers"] == 1
+    assert config["num_hidden_layers"] == 2 and config["first_k_dense_replace"] == 3
+    names = set(read_headers(a))
+    assert not any(".experts." in n for n in names)
+    mtp = {n.removeprefix("model.layers.2.") for n in names if n.startswith("model.layers.2.")}
+    layer = {n.removeprefix("model.layers.0.") for n in names if n.startswith("model.layers.0.")}
+    extra = {f"{norm}.weight" for norm in MTP_NORMS["deepseek"]} | {"eh_proj.weight"}  # no copy of lm_head
+    assert "self_attn.kv_a_proj_with_mqa.weight" in layer and mtp == layer | extra
+    assert not any(n.startswith(("model.layers.3.", "model.mtp_layers.")) for n in names)
+    ta = load_file(a / "model.safetensors")
+    assert not ta["model.layers.2.self_attn.q_proj.weight"].equal(ta["model.layers.0.self_attn.q_proj.weight"])
+    tb = load_file(perturbed(a, PerturbSpec(), cache=tmp_path) / "model.safetensors")
+    assert all(not ta[n].equal(tb[n]) for n in ta if n.startswith("model.layers.2."))
