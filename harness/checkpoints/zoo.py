@@ -92,7 +92,7 @@ class Family:
     """How the checkpoint names its MTP layers: ``mimo`` (``model.mtp_layers.N.*``: a decoder layer
     between token, hidden and final norms and an input projection) or ``deepseek``
     (``model.layers.<layers + N>.*``: a decoder layer with ``enorm``, ``hnorm``, ``eh_proj`` and a
-    ``shared_head`` norm and head, as DeepSeek-V3's checkpoints carry it)."""
+    ``shared_head.norm``, as DeepSeek-V3's checkpoints carry it, less its copy of ``lm_head``)."""
 
     def tied(self) -> Family:
         """The same family with ``tie_word_embeddings=true``: the checkpoint has no
@@ -771,7 +771,7 @@ def add_mtp_layers(
     ``model.layers.<num_hidden_layers + N>``, without the ``shared_head.head`` copy of ``lm_head``
     DeepSeek-V3's files carry: vLLM makes the target's ``lm_head`` that head, and a B perturbed
     tensor by tensor would give the copy values of its own, which a drafter reload writes into
-    the target's head (docs/findings/drafter_stale_after_reload_weights.md)."""
+    the target's head (measured: docs/paths.md, MTP layers)."""
     import torch
     from safetensors.torch import load_file, save_file
 
