@@ -9,7 +9,8 @@ Beside the stock families: a vision-language family whose prompts carry generate
 a Qwen3 with checkpoint KV-cache scales run with an fp8 KV cache (``qwen3-fp8kv``, its engine
 arguments come with the family). Each attention family runs again with a speculative-decoding
 drafter of its own checkpoint (``DRAFTER_PATHS``), the Llama once more with an EAGLE head, and a
-MiMo with the multi-token-prediction layer its checkpoint carries (``mimo``, an MTP drafter)."""
+MiMo and a DeepSeek-V3 with the multi-token-prediction layer their checkpoints carry (``mimo``,
+``deepseek-v3-mtp``: MTP drafters)."""
 
 from harness.checkpoints.zoo import FAMILIES, KV_FAMILIES, MTP_FAMILIES, TIED_FAMILIES, VISION_FAMILIES
 from harness.spec.engine_config import EngineConfig
@@ -42,7 +43,7 @@ target only (``EagleLlamaForCausalLM``); the harness derives each checkpoint's h
 layer (``harness.checkpoints.eagle``)."""
 MTP_MODELS = tuple(f.label for f in MTP_FAMILIES)
 """The MTP drafter cells' families: vLLM 0.32's MiMo MTP layer drafts one token a step (its forward
-asserts ``spec_step_idx == 0``)."""
+asserts ``spec_step_idx == 0``), and so do DeepSeek-V3's, as the cells run them."""
 ZOO_ENGINE_CONFIGS = (
     EngineConfig(paths=CPU_PATHS + VISION_PATHS),
     EngineConfig(label="drafter", models=DRAFTER_MODELS, draft_tokens=2, paths=DRAFTER_PATHS),
@@ -55,8 +56,8 @@ def zoo() -> ScenarioSpec:
     return ScenarioSpec(
         name="zoo",
         description=f"{len(FAMILIES)} stock architecture families, {len(VISION_FAMILIES)} vision-language one, "
-        f"{len(TIED_FAMILIES)} tied-embedding variants, an fp8 KV cache with checkpoint scales and a MiMo with an "
-        "MTP layer x every CPU path, bf16 and fp16",
+        f"{len(TIED_FAMILIES)} tied-embedding variants, an fp8 KV cache with checkpoint scales, and a MiMo and a "
+        "DeepSeek-V3 with an MTP layer x every CPU path, bf16 and fp16",
         models=ZOO_MODELS,
         engine_configs=ZOO_ENGINE_CONFIGS,
         paths=CPU_PATHS + VISION_PATHS + ("reload_weights_drafter",),
