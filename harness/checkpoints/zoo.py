@@ -465,7 +465,9 @@ MTP_FAMILIES: tuple[Family, ...] = (
         label="deepseek-v3-mtp",
         # Every layer dense, the MTP layer too (vLLM and transformers make layer i a MoE layer from
         # first_k_dense_replace on): CPU's fused-MoE reload corruption (a known issue) stays out.
-        config=tuple(sorted({**dict(DEEPSEEK_V3.config), "first_k_dense_replace": 3}.items())),
+        config=tuple(
+            sorted({**dict(DEEPSEEK_V3.config), "first_k_dense_replace": _COMMON["num_hidden_layers"] + 1}.items())
+        ),
         covers="DeepSeek-V3 with dense MLA layers and the multi-token-prediction layer its checkpoints carry "
         "(model.layers.2: enorm, hnorm, eh_proj, shared_head.norm), which vLLM's mtp drafter (DeepSeekMTP) loads",
         extra=(*DEEPSEEK_V3.extra, ("num_nextn_predict_layers", 1)),
@@ -753,11 +755,27 @@ def add_kv_scales(checkpoint: Path, layers: int, seed: int = 0) -> None:
     save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})
 
 
-MTP_NORMS: dict[MtpLayout, tuple[str, ...]] = {
-    "mimo": ("token_layernorm", "hidden_layernorm", "final_layernorm"),
-    "deepseek": ("enorm", "hnorm", "shared_head.norm"),
+@dataclass(frozen=True)
+class MtpNames:
+    """How one checkpoint layout names a multi-token-prediction layer's own tensors."""
+
+    norms: tuple[str, ...]
+    """The norms it adds around its decoder layer."""
+    projection: str
+    """Its input projection (hidden x 2 hidden: the token embedding and the previous hidden state)."""
+    prefix: str
+    """The layer's prefix, with ``{n}`` for its number."""
+    numbered_after_model: bool = False
+    """Its number counts on from the model's last layer (``num_hidden_layers + i``), not from 0."""
+
+
+MTP_LAYOUTS: dict[MtpLayout, MtpNames] = {
+    "mimo": MtpNames(("token_layernorm", "hidden_layernorm", "final_layernorm"), "input_proj", "model.mtp_layers.{n}."),
+    "deepseek": MtpNames(
+        ("enorm", "hnorm", "shared_head.norm"), "eh_proj", "model.layers.{n}.", numbered_after_model=True
+    ),
 }
-"""The norms a multi-token-prediction layer adds around its decoder layer, by layout."""
+"""Each ``Family.mtp_layout``'s names, as MiMo's and DeepSeek-V3's checkpoints carry them."""
 
 
 def add_mtp_layers(
@@ -765,8 +783,7 @@ def add_mtp_layers(
 ) -> None:
     """Multi-token-prediction layers, appended to the checkpoint under ``layout``'s names: a
     decoder layer shaped like ``model.layers.0`` (drawn afresh, so it drafts its own tokens), the
-    layout's ``MTP_NORMS`` and its input projection (hidden x 2 hidden: MiMo's ``input_proj``,
-    DeepSeek's ``eh_proj``), drawn like the model's own tensors: norms around neutral, biases and
+    layout's norms and input projection (``MTP_LAYOUTS``), drawn like the model's own tensors: norms around neutral, biases and
     weights around 0. MiMo's layer N is ``model.mtp_layers.N``; DeepSeek's is
     ``model.layers.<num_hidden_layers + N>``, without the ``shared_head.head`` copy of ``lm_head``
     DeepSeek-V3's files carry: vLLM makes the target's ``lm_head`` that head, and a B perturbed
@@ -781,12 +798,12 @@ def add_mtp_layers(
     first = "model.layers.0."
     hidden = tensors["model.embed_tokens.weight"].shape[1]
     shapes = {n[len(first) :]: t.shape for n, t in tensors.items() if n.startswith(first)}
-    shapes |= {f"{norm}.weight": torch.Size([hidden]) for norm in MTP_NORMS[layout]}
-    projection = "input_proj" if layout == "mimo" else "eh_proj"
-    shapes[f"{projection}.weight"] = torch.Size([hidden, 2 * hidden])
+    names = MTP_LAYOUTS[layout]
+    shapes |= {f"{norm}.weight": torch.Size([hidden]) for norm in names.norms}
+    shapes[f"{names.projection}.weight"] = torch.Size([hidden, 2 * hidden])
     layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
     for i in range(count):
-        prefix = f"model.mtp_layers.{i}." if layout == "mimo" else f"model.layers.{layers + i}."
+        prefix = names.prefix.format(n=layers + i if names.numbered_after_model else i)
         for name, shape in sorted(shapes.items()):
             noise = torch.randn(shape, generator=gen)
             if name.endswith("norm.weight"):

@@ -85,8 +85,9 @@ DRAFTER_LAYERS = {
     "mtp-deepseek": ("mtp", "deepseek-v3-mtp", 1, "model.layers.2.", ("--cpu-isa", "avx2")),
 }
 """Drafters with layers of their own: cell -> (``--drafter``, the zoo family it drafts for, draft
-tokens, the prefix of the drafter's own layer, further arguments). EAGLE: the zoo's Llama with a head per checkpoint
-(its last layer behind a pass-through ``fc``), whose embedding and ``lm_head`` are the target's.
+tokens, the prefix of the drafter's own layer, further arguments). EAGLE: the zoo's Llama with a
+head per checkpoint (its last layer behind a pass-through ``fc``), whose embedding and ``lm_head``
+are the target's.
 MTP: the zoo's MiMo, whose checkpoint carries the layer beside the model (the target skips it),
 and its DeepSeek-V3 (dense MLA layers), whose checkpoint carries it as the layer after the model's
 last (vLLM's DeepSeekMTP, which takes the target's embedding and ``lm_head`` as its own); vLLM

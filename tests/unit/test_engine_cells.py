@@ -189,7 +189,7 @@ def test_an_mtp_checkpoint_carries_a_drafting_layer_the_target_skips_and_b_moves
 
     from harness.checkpoints.derived import perturbed
     from harness.checkpoints.read import read_headers
-    from harness.checkpoints.zoo import MTP_NORMS, tiny_model
+    from harness.checkpoints.zoo import MTP_LAYOUTS, tiny_model
     from harness.spec.run import PerturbSpec
 
     a = tiny_model("mimo", cache=tmp_path)
@@ -198,7 +198,7 @@ def test_an_mtp_checkpoint_carries_a_drafting_layer_the_target_skips_and_b_moves
     names = set(read_headers(a))
     mtp = {n.removeprefix("model.mtp_layers.0.") for n in names if n.startswith("model.mtp_layers.")}
     layer = {n.removeprefix("model.layers.0.") for n in names if n.startswith("model.layers.0.")}
-    assert mtp == layer | {f"{norm}.weight" for norm in MTP_NORMS["mimo"]} | {"input_proj.weight"}
+    assert mtp == layer | {f"{norm}.weight" for norm in MTP_LAYOUTS["mimo"].norms} | {"input_proj.weight"}
     assert not any(n.startswith("model.mtp_layers.1.") for n in names)
     ta = load_file(a / "model.safetensors")
     tb = load_file(perturbed(a, PerturbSpec(), cache=tmp_path) / "model.safetensors")
@@ -216,7 +216,7 @@ def test_a_deepseek_mtp_checkpoint_carries_its_layer_after_the_models_and_b_move
 
     from harness.checkpoints.derived import perturbed
     from harness.checkpoints.read import read_headers
-    from harness.checkpoints.zoo import MTP_NORMS, tiny_model
+    from harness.checkpoints.zoo import MTP_LAYOUTS, tiny_model
     from harness.spec.run import PerturbSpec
 
     a = tiny_model("deepseek-v3-mtp", cache=tmp_path)
@@ -227,7 +227,7 @@ def test_a_deepseek_mtp_checkpoint_carries_its_layer_after_the_models_and_b_move
     assert not any(".experts." in n for n in names)
     mtp = {n.removeprefix("model.layers.2.") for n in names if n.startswith("model.layers.2.")}
     layer = {n.removeprefix("model.layers.0.") for n in names if n.startswith("model.layers.0.")}
-    extra = {f"{norm}.weight" for norm in MTP_NORMS["deepseek"]} | {"eh_proj.weight"}  # no copy of lm_head
+    extra = {f"{norm}.weight" for norm in MTP_LAYOUTS["deepseek"].norms} | {"eh_proj.weight"}  # no copy of lm_head
     assert "self_attn.kv_a_proj_with_mqa.weight" in layer and mtp == layer | extra
     assert not any(n.startswith(("model.layers.3.", "model.mtp_layers.")) for n in names)
     ta = load_file(a / "model.safetensors")
