@@ -56,6 +56,12 @@ the default of ``--cpu-isa``; the arm sets it for every vLLM process it starts (
 FORK_ARMS_ENV = "REFIT_HARNESS_FORK_ARMS"
 """``0`` starts every arm as a fresh ``python``; by default a CPU arm that a fresh process would
 run the same is forked from a warm interpreter that imported vLLM once (``harness.arm.zygote``)."""
+ZYGOTE_POOL_ENV = "REFIT_HARNESS_ZYGOTE_POOL"
+"""A directory where CLI runs share their zygotes (``harness.orchestrate.forking.zygote_pool``
+makes one): a run forks from a warm zygote another run started instead of preloading its own.
+Unset or empty: each run starts its own and ends them when it exits."""
+POOL_OWNER_FILE = "owner"
+"""In a zygote pool's directory: the pid whose end ends the pool's zygotes."""
 ARMS_LANE, FLOOR_LANE = "zygote", "floor-zygote"
 """The two zygotes' names (``harness.orchestrate.forking``): the noise floor's arms fork from the
 second. Their logs are ``arms/NAME.log``."""

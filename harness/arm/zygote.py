@@ -1,4 +1,4 @@
-"""A warm interpreter that forks arms: ``python -m harness.arm.zygote SOCKET [NAME]``.
+"""A warm interpreter that forks arms: ``python -m harness.arm.zygote SOCKET [NAME [POOL]]``.
 
 Importing vLLM takes 9-12 s of one core on the 2-core CI machine, of an arm's 13 s with
 the tiny models the suite runs (measured: ``from vllm import LLM`` alone, 11.8 s; a forked arm
@@ -12,7 +12,9 @@ Per request (one JSON line on a connection of the Unix socket) the zygote forks 
 which forks the arm, answers ``{"pid": ARM}`` and, when the arm ends, ``{"exit": CODE}``
 (a negative code for a signal, as ``subprocess`` says it). The waiter kills the arm's group
 when the connection closes without an answer being read (the parent died), and the zygote
-ends when its parent does (``harness.orchestrate.forking`` says which arms it forks).
+ends when its parent does (``harness.orchestrate.forking`` says which arms it forks). A pooled
+zygote (``POOL``, a pool's directory) ends when the pool's owner does or the directory goes, and
+its arms write their run's marker over its placeholder (``stamp_marker``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.settings import ARMS_LANE, FORKED_ARM_ENV
+from harness.settings import ARMS_LANE, FORKED_ARM_ENV, POOL_OWNER_FILE, RUN_MARKER
 
 _PRELOAD = ("torch", "vllm", "harness.arm.process", "harness.arm.engines", "harness.worker.extension")
 
@@ -40,14 +42,52 @@ def preload() -> None:
     from vllm import LLM, SamplingParams  # noqa: F401  (vLLM's lazy top-level names load most of it)
 
 
-def serve(path: str, lane: str) -> None:
+def stamp_marker(old: str, new: str) -> bool:
+    """Write ``RUN_MARKER=new`` over ``RUN_MARKER=old`` (the same length) in this process's
+    environment block as it started, which is what ``/proc/PID/environ`` shows and where a
+    cancelled run looks for its processes; ``os.environ`` is only a copy. False where the block
+    has no such entry."""
+    if len(old) != len(new):
+        raise ValueError(f"a marker of {len(new)} characters cannot replace one of {len(old)}")
+    stat = Path("/proc/self/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5), fields 50 and 51)
+    entry = f"{RUN_MARKER}={old}".encode()
+    with open("/proc/self/mem", "r+b", buffering=0) as memory:
+        memory.seek(start)
+        block = b"\0" + memory.read(end - start)
+        at = block.find(b"\0" + entry + b"\0")
+        if at < 0:
+            return False
+        memory.seek(start + at + len(entry) - len(old))
+        memory.write(new.encode())
+    return True
+
+
+def _owner_alive(pool: Path, owner: int) -> bool:
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return pool.is_dir()
+
+
+def serve(path: str, lane: str, pool: Path | None = None) -> None:
     parent = os.getppid()
+    owner = int((pool / POOL_OWNER_FILE).read_text()) if pool else 0
+    if pool:
+        # The pool's arms write their marker here: a zygote that cannot must not serve them.
+        marker = os.environ[RUN_MARKER]
+        if not stamp_marker(marker, marker):
+            raise RuntimeError(f"{RUN_MARKER} is not in this process's environment block")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(16)
     os.rename(path + ".tmp", path)  # ready: the parent connects once the name exists
-    while os.getppid() == parent:
+    while _owner_alive(pool, owner) if pool else os.getppid() == parent:
         ready, _, _ = select.select([listener], [], [], 0.5)
         if not ready:
             continue
@@ -110,7 +150,10 @@ def _run_arm(request: dict, lane: str) -> None:
     os.chdir(request["cwd"])
     # The zygote's environment, as its interpreter (a build's launcher too) started it, and the
     # arm's own variables on top (harness.orchestrate.forking sends only those).
+    zygote_marker = os.environ.get(RUN_MARKER, "")
     os.environ.update(request["env"])
+    if os.environ.get(RUN_MARKER, "") != zygote_marker:  # a pooled zygote's: the run's own
+        stamp_marker(zygote_marker, os.environ[RUN_MARKER])
     os.environ[FORKED_ARM_ENV] = lane
     argv = [request["plan"], request["result"]]
     sys.argv = ["harness.arm.process", *argv]
@@ -139,7 +182,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     preload()
     print(f"refit-harness zygote: preloaded in {time.monotonic() - started:.1f} s", flush=True)
-    serve(argv[0], argv[1] if len(argv) > 1 else ARMS_LANE)
+    serve(argv[0], argv[1] if len(argv) > 1 else ARMS_LANE, Path(argv[2]) if len(argv) > 2 else None)
     return 0
 
 

@@ -5,13 +5,25 @@ one."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
 from harness.orchestrate import forking
-from harness.orchestrate.forking import PER_ARM_ENV, ArmForker, forker_for
-from harness.settings import FORK_ARMS_ENV, SCRATCH_ENV
+from harness.orchestrate.forking import (
+    MARKER_PLACEHOLDER,
+    PER_ARM_ENV,
+    PER_RUN_ENV,
+    ZYGOTE_MODULE,
+    ArmForker,
+    PooledForker,
+    forker_for,
+)
+from harness.settings import FORK_ARMS_ENV, RUN_MARKER, SCRATCH_ENV, ZYGOTE_POOL_ENV
 from tests.unit.run_dirs import write_run
 
 BASE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -20,6 +32,7 @@ BASE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 @pytest.fixture
 def arms(tmp_path, monkeypatch):
     monkeypatch.delenv(FORK_ARMS_ENV, raising=False)
+    monkeypatch.delenv(ZYGOTE_POOL_ENV, raising=False)
     monkeypatch.setattr(forking, "cuda_available", lambda: False)
     monkeypatch.setattr(forking, "_SHARED", {})  # never this process's real zygotes
     return {a.name: a for a in write_run(tmp_path).plan.arms}
@@ -75,3 +88,59 @@ def test_the_switch_and_a_failed_zygote_start_every_arm_fresh(tmp_path, arms, mo
     finally:
         broken.close()
     assert "No module named harness.no_such_module" in (tmp_path / "zygote.log").read_text()
+
+
+def test_in_a_pool_the_runs_share_a_zygote_and_a_marker_of_another_length_keeps_its_own(tmp_path, arms, monkeypatch):
+    monkeypatch.setenv(ZYGOTE_POOL_ENV, str(tmp_path))
+    run_a = arm_env(**{RUN_MARKER: "a" * 32, "PYTEST_CURRENT_TEST": "one"})
+    pooled = forker_for(sys.executable, run_a, tmp_path)
+    assert isinstance(pooled, PooledForker) and not PER_RUN_ENV & pooled.base_env.keys()
+    # Another run, another test: the same zygote, found in the pool by the same name.
+    run_b = arm_env(**{RUN_MARKER: "b" * 32, "PYTEST_CURRENT_TEST": "two"})
+    assert forker_for(sys.executable, run_b, tmp_path) is pooled
+    assert PooledForker(sys.executable, dict(pooled.base_env), tmp_path, False, tmp_path).name == pooled.name
+    assert forker_for(sys.executable, arm_env(OMP_NUM_THREADS="2", **{RUN_MARKER: "a" * 32}), tmp_path) is not pooled
+    # Its arms could not write a shorter marker over the placeholder: the run keeps its own.
+    short = forker_for(sys.executable, arm_env(**{RUN_MARKER: "short"}), tmp_path)
+    assert not isinstance(short, PooledForker) and short.base_env[RUN_MARKER] == "short"
+    monkeypatch.setenv(ZYGOTE_POOL_ENV, "")
+    assert not isinstance(forker_for(sys.executable, arm_env(**{RUN_MARKER: "c" * 32}), tmp_path), PooledForker)
+
+
+def test_an_arm_writes_its_runs_marker_where_proc_shows_it():
+    code = (
+        "import os, sys\n"
+        "from harness.arm.zygote import stamp_marker\n"
+        f"assert stamp_marker({MARKER_PLACEHOLDER!r}, {'f' * 32!r})\n"
+        f"assert not stamp_marker({MARKER_PLACEHOLDER!r}, {'e' * 32!r})  # written over: no longer there\n"
+        "print(open(f'/proc/{os.getpid()}/environ', 'rb').read().decode(errors='replace'))\n"
+        "stamp_marker('x', 'yy')\n"
+    )
+    env = {**os.environ, RUN_MARKER: MARKER_PLACEHOLDER}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert f"{RUN_MARKER}={'f' * 32}\0" in proc.stdout and MARKER_PLACEHOLDER not in proc.stdout, proc.stderr
+    assert "cannot replace one of 1" in proc.stderr  # the last line: lengths must match
+
+
+def test_a_full_pool_ends_its_least_recently_used_zygotes_only(tmp_path):
+    def fake_zygote(name: str, used: float) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)", ZYGOTE_MODULE], start_new_session=True
+        )
+        pid_file = tmp_path / f"{name}.pid"
+        pid_file.write_text(str(proc.pid))
+        os.utime(pid_file, (used, used))
+        return proc
+
+    procs = {name: fake_zygote(name, used) for name, used in (("old", 1e9), ("new", 3e9), ("mid", 2e9))}
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    (tmp_path / "other.pid").write_text(str(other.pid))  # not a zygote (a reused pid): left alone
+    try:
+        time.sleep(0.5)  # until each command line is the zygote's
+        forking._end_least_used(tmp_path, keep=1)
+        assert [procs[n].wait(timeout=10) for n in ("old", "mid")] == [-signal.SIGKILL] * 2
+        assert procs["new"].poll() is None and other.poll() is None
+    finally:
+        for proc in (*procs.values(), other):
+            proc.kill()
+            proc.wait()
