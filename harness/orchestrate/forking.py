@@ -310,8 +310,8 @@ def zygote_alive(pid: int | None) -> bool:
 
 
 def _end_least_used(pool: Path, keep: int) -> None:
-    """End the pool's live zygotes but the ``keep`` most recently used. Only the zygote's group
-    (its waiters): an arm it forked leads a session of its own and finishes its run."""
+    """End the pool's live zygotes but the ``keep`` most recently used. The zygote only: a waiter
+    it forked still serves its arm to another run of the pool, and ends with that arm."""
     live = []
     for pid_file in pool.glob("*.pid"):
         pid = _read_pid(pid_file)
@@ -319,7 +319,7 @@ def _end_least_used(pool: Path, keep: int) -> None:
             live.append((pid_file.stat().st_mtime, pid))
     for _, pid in sorted(live)[: max(0, len(live) - keep)]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
 
 
 # (interpreter, environment, floor) -> forker

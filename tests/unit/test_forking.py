@@ -4,6 +4,7 @@ one."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from harness.orchestrate import forking
@@ -123,10 +125,11 @@ def test_an_arm_writes_its_runs_marker_where_proc_shows_it():
 
 
 def test_a_full_pool_ends_its_least_recently_used_zygotes_only(tmp_path):
+    # Each fake zygote has a waiter in its group, as a real one has while another run's arm runs.
+    body = "import subprocess, time; subprocess.Popen(['sleep', '120']); time.sleep(120)"
+
     def fake_zygote(name: str, used: float) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(120)", ZYGOTE_MODULE], start_new_session=True
-        )
+        proc = subprocess.Popen([sys.executable, "-c", body, ZYGOTE_MODULE], start_new_session=True)
         pid_file = tmp_path / f"{name}.pid"
         pid_file.write_text(str(proc.pid))
         os.utime(pid_file, (used, used))
@@ -137,10 +140,15 @@ def test_a_full_pool_ends_its_least_recently_used_zygotes_only(tmp_path):
     (tmp_path / "other.pid").write_text(str(other.pid))  # not a zygote (a reused pid): left alone
     try:
         time.sleep(0.5)  # until each command line is the zygote's
+        waiter = psutil.Process(procs["old"].pid).children()[0]
         forking._end_least_used(tmp_path, keep=1)
         assert [procs[n].wait(timeout=10) for n in ("old", "mid")] == [-signal.SIGKILL] * 2
         assert procs["new"].poll() is None and other.poll() is None
+        assert waiter.is_running() and waiter.status() != psutil.STATUS_ZOMBIE  # its arm's run goes on
     finally:
-        for proc in (*procs.values(), other):
-            proc.kill()
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the waiters too
             proc.wait()
+        other.kill()
+        other.wait()
