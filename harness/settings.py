@@ -62,6 +62,9 @@ makes one): a run forks from a warm zygote another run started instead of preloa
 Unset or empty: each run starts its own and ends them when it exits."""
 POOL_OWNER_FILE = "owner"
 """In a zygote pool's directory: the pid whose end ends the pool's zygotes."""
+MARKER_PLACEHOLDER = "0" * 32
+"""A pooled zygote's run marker: as long as the CLI's (``uuid4().hex``), so that each arm can
+write its run's marker over it in place (``harness.arm.zygote.stamp_marker``)."""
 ARMS_LANE, FLOOR_LANE = "zygote", "floor-zygote"
 """The two zygotes' names (``harness.orchestrate.forking``): the noise floor's arms fork from the
 second. Their logs are ``arms/NAME.log``."""

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.settings import ARMS_LANE, FORKED_ARM_ENV, POOL_OWNER_FILE, RUN_MARKER
+from harness.settings import ARMS_LANE, FORKED_ARM_ENV, MARKER_PLACEHOLDER, POOL_OWNER_FILE, RUN_MARKER
 
 _PRELOAD = ("torch", "vllm", "harness.arm.process", "harness.arm.engines", "harness.worker.extension")
 
@@ -77,11 +77,9 @@ def _owner_alive(pool: Path, owner: int) -> bool:
 def serve(path: str, lane: str, pool: Path | None = None) -> None:
     parent = os.getppid()
     owner = int((pool / POOL_OWNER_FILE).read_text()) if pool else 0
-    if pool:
+    if pool and not stamp_marker(MARKER_PLACEHOLDER, MARKER_PLACEHOLDER):
         # The pool's arms write their marker here: a zygote that cannot must not serve them.
-        marker = os.environ[RUN_MARKER]
-        if not stamp_marker(marker, marker):
-            raise RuntimeError(f"{RUN_MARKER} is not in this process's environment block")
+        raise RuntimeError(f"{RUN_MARKER}={MARKER_PLACEHOLDER} is not in this process's environment block")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
@@ -150,10 +148,9 @@ def _run_arm(request: dict, lane: str) -> None:
     os.chdir(request["cwd"])
     # The zygote's environment, as its interpreter (a build's launcher too) started it, and the
     # arm's own variables on top (harness.orchestrate.forking sends only those).
-    zygote_marker = os.environ.get(RUN_MARKER, "")
     os.environ.update(request["env"])
-    if os.environ.get(RUN_MARKER, "") != zygote_marker:  # a pooled zygote's: the run's own
-        stamp_marker(zygote_marker, os.environ[RUN_MARKER])
+    if RUN_MARKER in request["env"] and request["env"][RUN_MARKER] != MARKER_PLACEHOLDER:
+        stamp_marker(MARKER_PLACEHOLDER, request["env"][RUN_MARKER])  # a pooled zygote's arm
     os.environ[FORKED_ARM_ENV] = lane
     argv = [request["plan"], request["result"]]
     sys.argv = ["harness.arm.process", *argv]

@@ -66,6 +66,7 @@ from harness.settings import (
     ARMS_LANE,
     FLOOR_LANE,
     FORK_ARMS_ENV,
+    MARKER_PLACEHOLDER,
     POOL_OWNER_FILE,
     RUN_MARKER,
     SCRATCH_ENV,
@@ -79,9 +80,6 @@ FRESH_ROLES = frozenset({"noise", "lora_noise"})
 PER_ARM_ENV = frozenset({SCRATCH_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
 # Variables that differ between the runs one pooled zygote serves; the arm gets its own.
 PER_RUN_ENV = frozenset({RUN_MARKER, "PYTEST_CURRENT_TEST"})
-MARKER_PLACEHOLDER = "0" * 32
-"""A pooled zygote's run marker: as long as the CLI's (``uuid4().hex``), so that an arm can write
-its run's marker over it in place (``harness.arm.zygote.stamp_marker``)."""
 POOL_SIZE = 4
 """Live zygotes a pool keeps (about 600 MB of resident memory each, measured); starting another
 ends the least recently used."""
@@ -234,36 +232,37 @@ class PooledForker(ArmForker):
         key = json.dumps([python, sorted(base_env.items()), floor])
         self.name = f"{self.lane}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
         """The zygote's files in the pool: ``NAME.s`` (socket), ``NAME.pid``, ``NAME.log``."""
-        self._socket = self.socket = pool / f"{self.name}.s"
+        self._socket = pool / f"{self.name}.s"
 
     def _ready(self) -> Path | None:
         with self._lock:
             if self._failed:
                 return None
+            assert self._socket is not None
             pid_file = self.pool / f"{self.name}.pid"
             with _locked(self.pool / f"{self.name}.lock"):
-                if not (self.socket.exists() and zygote_alive(_read_pid(pid_file))):
+                if not (self._socket.exists() and zygote_alive(_read_pid(pid_file))):
                     _end_least_used(self.pool, keep=POOL_SIZE - 1)
-                    self.socket.unlink(missing_ok=True)
+                    self._socket.unlink(missing_ok=True)
                     env = {**self.base_env, RUN_MARKER: MARKER_PLACEHOLDER}
                     self._proc = self._start(self.pool / f"{self.name}.log", env, [str(self.pool)])
                     pid_file.write_text(str(self._proc.pid))
                     if self._wait_ready() is None:
                         return None
                 pid_file.touch()  # used: the last to be ended
-            return self.socket
+            return self._socket
 
     def close(self) -> None:
         """The pool's zygotes end with the pool, not with this run."""
 
 
 @contextlib.contextmanager
-def zygote_pool(parent: Path | None = None) -> Iterator[Path]:
+def zygote_pool() -> Iterator[Path]:
     """A zygote pool owned by this process, in ``REFIT_HARNESS_ZYGOTE_POOL`` while the block runs:
     every ``refit-harness`` started meanwhile (with this environment) shares its zygotes. On exit,
     or when this process dies, they end."""
     # A short path: the sockets' names are limited to 108 bytes.
-    pool = Path(tempfile.mkdtemp(prefix="refit-pool-", dir=parent))
+    pool = Path(tempfile.mkdtemp(prefix="refit-pool-"))
     (pool / POOL_OWNER_FILE).write_text(str(os.getpid()))
     before = os.environ.get(ZYGOTE_POOL_ENV)
     os.environ[ZYGOTE_POOL_ENV] = str(pool)
@@ -278,16 +277,12 @@ def zygote_pool(parent: Path | None = None) -> Iterator[Path]:
         shutil.rmtree(pool, ignore_errors=True)
 
 
-def _locked(path: Path) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock on ``path`` (two runs of one pool asking for one zygote at once)."""
-
-    @contextlib.contextmanager
-    def hold() -> Iterator[None]:
-        with open(path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
-
-    return hold()
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _read_pid(pid_file: Path) -> int | None:

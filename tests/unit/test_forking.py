@@ -17,7 +17,6 @@ import pytest
 
 from harness.orchestrate import forking
 from harness.orchestrate.forking import (
-    MARKER_PLACEHOLDER,
     PER_ARM_ENV,
     PER_RUN_ENV,
     ZYGOTE_MODULE,
@@ -25,7 +24,7 @@ from harness.orchestrate.forking import (
     PooledForker,
     forker_for,
 )
-from harness.settings import FORK_ARMS_ENV, RUN_MARKER, SCRATCH_ENV, ZYGOTE_POOL_ENV
+from harness.settings import FORK_ARMS_ENV, MARKER_PLACEHOLDER, RUN_MARKER, SCRATCH_ENV, ZYGOTE_POOL_ENV
 from tests.unit.run_dirs import write_run
 
 BASE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
