@@ -53,6 +53,19 @@ class ShardedStateRoundTrip(ReloadWeightsFromIterator):
             'state", measured on 0.32 on an AVX512-BF16 EPYC with every dense zoo family, tied or not; on an '
             "AVX2 EPYC the bf16 round trip passes; repro/sharded_state_bf16_onednn_missing_keys.py)",
         ),
+        KnownIssue(
+            device="cpu",
+            title="CPU: the sharded-state saver skips the empty linear Parameters of fp16 oneDNN kernels, so the "
+            "state cannot be loaded (AVX512-FP16)",
+            error_contains="Missing keys",
+            dtypes=("float16",),
+            # oneDNN takes fp16 GEMMs only where the CPU has AVX512-FP16.
+            cpu_capabilities=("avx512_fp16",),
+            reason="the same gap in float16 wherever oneDNN packs fp16 GEMMs (a CPU with AVX512-FP16): the linear "
+            'weight Parameters are empty, the saver skips them, and the new engine refuses the state ("Missing '
+            'keys ... in loaded state", measured on 0.32 with Llama and MiMo on an Intel Xeon with AMX and '
+            "AVX512-FP16; on an AVX512-BF16 EPYC without AVX512-FP16 the fp16 round trip passes)",
+        ),
     )
 
     sabotage = "the positive-control tensor left out of the feed before the state is saved"

@@ -76,6 +76,11 @@ DEVICE_SCOPED: dict[str, str] = {
     ),
     "CPU: the sharded-state saver skips the empty linear Parameters of bf16 oneDNN kernels, so the state "
     "cannot be loaded (AVX-512)": f"{CPU_KERNELS}: the CPU backend empties bf16 oneDNN linears' Parameters",
+    "CPU: a kernel-format reload leaves every oneDNN fp16 GEMM kernel with the old weights (AVX512-FP16)": (
+        f"{CPU_KERNELS}: oneDNN handles of fp16 linears"
+    ),
+    "CPU: the sharded-state saver skips the empty linear Parameters of fp16 oneDNN kernels, so the state "
+    "cannot be loaded (AVX512-FP16)": f"{CPU_KERNELS}: the CPU backend empties fp16 oneDNN linears' Parameters",
     "A dummy start with an fp8 KV cache cannot generate: the dummy loader makes the KV scales negative": (
         f"{CPU_KERNELS}: the CPU attention kernel's k_scale check raises (cpu_attn_reshape_and_cache)"
     ),

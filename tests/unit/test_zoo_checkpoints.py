@@ -199,6 +199,25 @@ def test_the_cpu_onednn_issues_are_expected_in_float32_only():
         assert cls.known_issue(Subject("cpu (x86_64)", "0.32.0", "Qwen3ForCausalLM", "bfloat16")) is None, path
 
 
+def test_the_packed_gemm_issues_hold_in_fp16_only_where_onednn_takes_fp16():
+    """Measured on an AMX Xeon with AVX512-FP16 (Llama, MiMo, the tied Llama): oneDNN packs fp16
+    linears there, so the kernel-format reload, the sharded-state round trip and a tied head fail
+    as in bf16; on an AVX512-BF16 EPYC without AVX512-FP16 the same fp16 cells pass."""
+    from harness.paths import PATHS
+    from harness.spec.known_issues import KNOWN_ISSUES
+
+    fp16_gemm, no_fp16_gemm = ("amx_tile", "avx512_bf16", "avx512_f", "avx512_fp16"), ("avx512_bf16", "avx512_f")
+
+    def on(flags, tied=False):
+        return Subject("cpu (x86_64)", "0.32.0", "LlamaForCausalLM", "float16", flags, tied_embeddings=tied)
+
+    for path in ("reload_kernel_format", "sharded_state"):
+        assert PATHS.get(path).known_issue(on(fp16_gemm)) is not None, path
+        assert PATHS.get(path).known_issue(on(no_fp16_gemm)) is None, path
+    tied_head = [k for k in KNOWN_ISSUES if k.tied_embeddings and k.applies("reload_weights", on(fp16_gemm, True))]
+    assert tied_head and not any(k.applies("reload_weights", on(no_fp16_gemm, True)) for k in tied_head)
+
+
 def test_the_amx_bias_issue_is_expected_of_the_unquantized_sgl_kernel_only():
     """The zoo's Qwen3 has attention biases (its drafter cells FAILed on them on AMX): a float or
     KV-only checkpoint runs its linears in SGL, a quantized one in its own kernel, float32 in neither."""
