@@ -13,7 +13,13 @@ the same reload goes through.
 The script prints the parameters that are empty on the cold engine, the error, and exits 1 while
 the reload raises; 0 when it succeeds (with a note when the AMX MLA backend was not taken).
 ``--no-amx`` hides AMX from torch in this process, so vLLM takes the reference MLA backend here.
-Run: python repro/amx_mla_reload_weights_raises.py [--no-amx]
+
+``--float32``: the same engine in float32. vLLM 0.32 picks the AMX MLA backend whatever the dtype,
+and its post-load hook (``amx_mla.py``, ``convert_weight_packed``) refuses float32 weights:
+``RuntimeError: expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8(mxfp4 or int4).``
+The engine never starts (exit 1). ``--cpu-mla`` asks for the reference backend
+(``attention_backend="CPU_MLA"``), and the engine starts.
+Run: python repro/amx_mla_reload_weights_raises.py [--no-amx] [--float32 [--cpu-mla]]
 """
 
 from __future__ import annotations
@@ -82,16 +88,21 @@ def main() -> int:
     from vllm import LLM
 
     model = tiny_deepseek_v2(Path(tempfile.mkdtemp(prefix="vllm-amx-mla-repro-")) / "model")
-    llm = LLM(
-        model=model,
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        enforce_eager=True,
-        kv_cache_memory_bytes=64 << 20,
-        max_model_len=512,
-        max_num_seqs=8,
-        seed=0,
-    )
+    try:
+        llm = LLM(
+            model=model,
+            skip_tokenizer_init=True,
+            dtype="float32" if "--float32" in sys.argv else "bfloat16",
+            enforce_eager=True,
+            kv_cache_memory_bytes=64 << 20,
+            max_model_len=512,
+            max_num_seqs=8,
+            seed=0,
+            **({"attention_backend": "CPU_MLA"} if "--cpu-mla" in sys.argv else {}),
+        )
+    except RuntimeError as exc:
+        print(f"the engine did not start: {str(exc).splitlines()[0]}")
+        return 1
     backends = llm.collective_rpc(attention_backends)[0]
     print(f"torch reports amx_tile={torch.cpu._is_amx_tile_supported()}; attention: {', '.join(backends)}")
     empty = llm.collective_rpc(empty_parameters)[0]

@@ -42,6 +42,8 @@ FOREIGN_FLAGS = {
     "--bf16-checkpoint": "repro/*.py",
     "--reset-encoder-cache": "repro/*.py",
     "--same-path": "repro/*.py",
+    "--float32": "repro/*.py",
+    "--cpu-mla": "repro/*.py",
 }
 # A dotted name that is a file, not a module (the traceback log).
 FILE_SUFFIXES = ("log", "json", "md", "py", "csv", "html")

@@ -508,7 +508,11 @@ _UNSUPPORTED = re.compile(
     r"|\bdoes not support\b"
     # a kernel that needs a CPU capability this one lacks
     # (measured without AVX-512: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.")
-    r"|\brequires\b[^.]*\b(AVX-?512|AMX)\b",
+    r"|\brequires\b[^.]*\b(AVX-?512|AMX)\b"
+    # a kernel that takes none of the model's dtype (measured: vLLM 0.32 picks its AMX MLA backend
+    # for a float32 MLA model, whose weight packing says "expect weight to be bfloat16, float16,
+    # int8, fp8_e4m3 or uint8(mxfp4 or int4).")
+    r"|\bexpect weight to be\b",
     re.IGNORECASE,
 )
 # An op the CPU extension vLLM loaded for this CPU does not have: vLLM chose a kernel whose op is
@@ -531,6 +535,7 @@ def refused_by_vllm(exc: BaseException) -> bool:
     requires x86 with AVX-512 or AMX.", and an AttributeError for an op missing from the loaded
     CPU extension ("'_C' object has no attribute 'cpu_gemm_wna16'"), and a drafter vLLM cannot
     set up ("All drafting layers should belong to the same kv cache group", an AssertionError).
+    On AMX, a float32 MLA model: "expect weight to be bfloat16, float16, int8, ...".
     So: an exception that says the configuration is not supported, or that the loaded kernel
     library lacks an op, raised where the deepest frame in vLLM or the harness is vLLM's. A failure raised by the harness (its extension, a
     fixture model) stays an error. With ``--engine-core-process`` the client only sees

@@ -317,6 +317,22 @@ def test_what_the_avx2_kernel_library_lacks_is_a_vllm_refusal(monkeypatch):
     assert not refused_by_vllm(NotImplementedError(str(fp8_kv.value)))
 
 
+def test_a_kernel_that_takes_none_of_the_models_dtype_is_a_vllm_refusal():
+    """vLLM 0.32 picks its AMX MLA backend for a float32 MLA model too, and the backend's weight
+    packing refuses float32 at start-up (measured: the zoo's DeepSeek-V3 on an AMX Xeon). Raised
+    where vLLM raises it, that is vLLM declining; the same words raised elsewhere are not."""
+    import vllm.v1.attention.backends.mla.amx_mla as amx_mla
+
+    from harness.arm.process import refused_by_vllm
+
+    words = "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8(mxfp4 or int4)."
+    with pytest.raises(RuntimeError) as raised:
+        exec(compile(f"raise RuntimeError({words!r})", amx_mla.__file__, "exec"), {})
+    assert refused_by_vllm(raised.value)
+    assert not refused_by_vllm(RuntimeError(words))  # no vLLM frame raised it
+    assert not refused_by_vllm(RuntimeError("expected weight and input to have the same dtype"))
+
+
 def test_a_known_issue_scoped_to_a_kernel_path_applies_only_where_that_path_ran():
     from harness.paths import PATHS
     from harness.spec.known_issues import KNOWN_ISSUES, quantization_of
