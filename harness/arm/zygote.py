@@ -9,7 +9,8 @@ from that state. The forked arm is the same program as
 own log, takes the arm's environment (``RUN_MARKER`` included), and is named ``refit-arm``.
 
 Per request (one JSON line on a connection of the Unix socket) the zygote forks a waiter,
-which forks the arm, answers ``{"pid": ARM}`` and, when the arm ends, ``{"exit": CODE}``
+which forks the arm, answers ``{"pid": ARM}`` once the arm leads its group and carries its
+run's marker, and, when the arm ends, ``{"exit": CODE}``
 (a negative code for a signal, as ``subprocess`` says it). The waiter kills the arm's group
 when the connection closes without an answer being read (the parent died), and the zygote
 ends when its parent does (``harness.orchestrate.forking`` says which arms it forks). A pooled
@@ -110,10 +111,17 @@ def _wait_for_arm(conn: socket.socket, lane: str) -> None:
     """The waiter: fork the arm, say its pid and then its exit code."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     request = _read_request(conn)
+    settled, settled_w = os.pipe()
     arm = os.fork()
     if arm == 0:
         conn.close()
-        _run_arm(request, lane)  # never returns
+        os.close(settled)
+        _run_arm(request, lane, settled_w)  # never returns
+    os.close(settled_w)
+    # The pid is answered once the arm leads its own group and carries its run's marker: the
+    # parent records it where a cancelled run looks for both (EOF too: an arm that died first).
+    os.read(settled, 1)
+    os.close(settled)
     conn.sendall(json.dumps({"pid": arm}).encode() + b"\n")
     while True:
         done, status = os.waitpid(arm, os.WNOHANG)
@@ -132,12 +140,17 @@ def _wait_for_arm(conn: socket.socket, lane: str) -> None:
             os._exit(0)
 
 
-def _run_arm(request: dict, lane: str) -> None:
-    """The arm: what ``python -m harness.arm.process PLAN RESULT`` does, in this warm process."""
+def _run_arm(request: dict, lane: str, settled: int) -> None:
+    """The arm: what ``python -m harness.arm.process PLAN RESULT`` does, in this warm process.
+    It writes to ``settled`` once it leads its group and carries its run's marker."""
     import atexit
     import traceback
 
     os.setsid()
+    if RUN_MARKER in request["env"] and request["env"][RUN_MARKER] != MARKER_PLACEHOLDER:
+        stamp_marker(MARKER_PLACEHOLDER, request["env"][RUN_MARKER])  # a pooled zygote's arm
+    os.write(settled, b"1")
+    os.close(settled)
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -149,8 +162,6 @@ def _run_arm(request: dict, lane: str) -> None:
     # The zygote's environment, as its interpreter (a build's launcher too) started it, and the
     # arm's own variables on top (harness.orchestrate.forking sends only those).
     os.environ.update(request["env"])
-    if RUN_MARKER in request["env"] and request["env"][RUN_MARKER] != MARKER_PLACEHOLDER:
-        stamp_marker(MARKER_PLACEHOLDER, request["env"][RUN_MARKER])  # a pooled zygote's arm
     os.environ[FORKED_ARM_ENV] = lane
     argv = [request["plan"], request["result"]]
     sys.argv = ["harness.arm.process", *argv]

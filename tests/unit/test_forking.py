@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -24,7 +27,14 @@ from harness.orchestrate.forking import (
     PooledForker,
     forker_for,
 )
-from harness.settings import FORK_ARMS_ENV, MARKER_PLACEHOLDER, RUN_MARKER, SCRATCH_ENV, ZYGOTE_POOL_ENV
+from harness.settings import (
+    FORK_ARMS_ENV,
+    MARKER_PLACEHOLDER,
+    POOL_OWNER_FILE,
+    RUN_MARKER,
+    SCRATCH_ENV,
+    ZYGOTE_POOL_ENV,
+)
 from tests.unit.run_dirs import write_run
 
 BASE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -121,6 +131,34 @@ def test_an_arm_writes_its_runs_marker_where_proc_shows_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert f"{RUN_MARKER}={'f' * 32}\0" in proc.stdout and MARKER_PLACEHOLDER not in proc.stdout, proc.stderr
     assert "cannot replace one of 1" in proc.stderr  # the last line: lengths must match
+
+
+def test_a_pooled_arms_pid_is_answered_once_it_leads_its_group_and_carries_its_marker(tmp_path):
+    # A zygote that serves without preloading (the arm's own work is not looked at): what the
+    # runner records on the answer must already be what a cancelled run looks for.
+    (tmp_path / POOL_OWNER_FILE).write_text(str(os.getpid()))
+    path = str(tmp_path / "z.sock")
+    serve = f"import sys; from harness.arm.zygote import serve; serve({path!r}, 'zygote', __import__('pathlib').Path({str(tmp_path)!r}))"
+    env = {**os.environ, RUN_MARKER: MARKER_PLACEHOLDER}
+    zygote = subprocess.Popen([sys.executable, "-c", serve], env=env, start_new_session=True)
+    marker = "d" * 32
+    request = {"log": str(tmp_path / "arm.log"), "cwd": str(tmp_path), "env": {RUN_MARKER: marker}}
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(3):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(path)
+                conn.sendall(json.dumps({**request, "plan": "missing", "result": "missing"}).encode() + b"\n")
+                arm = json.loads(conn.makefile().readline())["pid"]
+                environ = Path(f"/proc/{arm}/environ").read_bytes().split(b"\0")
+                leads = os.getpgid(arm) == arm
+                os.killpg(arm, signal.SIGKILL)
+            assert f"{RUN_MARKER}={marker}".encode() in environ and leads, (environ, leads)
+    finally:
+        os.killpg(zygote.pid, signal.SIGKILL)
+        zygote.wait()
 
 
 def test_a_full_pool_ends_its_least_recently_used_zygotes_only(tmp_path):
