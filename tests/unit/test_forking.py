@@ -138,7 +138,7 @@ def test_a_pooled_arms_pid_is_answered_once_it_leads_its_group_and_carries_its_m
     # runner records on the answer must already be what a cancelled run looks for.
     (tmp_path / POOL_OWNER_FILE).write_text(str(os.getpid()))
     path = str(tmp_path / "z.sock")
-    serve = f"import sys; from harness.arm.zygote import serve; serve({path!r}, 'zygote', __import__('pathlib').Path({str(tmp_path)!r}))"
+    serve = f"from pathlib import Path; from harness.arm.zygote import serve; serve({path!r}, 'zygote', Path({str(tmp_path)!r}))"
     env = {**os.environ, RUN_MARKER: MARKER_PLACEHOLDER}
     zygote = subprocess.Popen([sys.executable, "-c", serve], env=env, start_new_session=True)
     marker = "d" * 32
