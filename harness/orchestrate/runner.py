@@ -102,7 +102,7 @@ def _outcome(arm: ArmPlan, files: ArmFiles, returncode: int | None, timed_out: b
         result = _as_error(
             arm,
             None,
-            f"arm process exited with code {returncode} before writing a result; last log lines: {_tail(log_file)}",
+            f"arm process exited with code {returncode} before writing a result; {_last_words(log_file)}",
             seconds,
         )
     elif returncode != 0 and (recorded.status == "ok" or (recorded.error or "").startswith("arm stopped")):
@@ -259,6 +259,31 @@ def with_root_cause(error: str, log_file: Path) -> str:
         return error
     cause = next((m.group(1) for line in lines if (m := _ENGINE_EXCEPTION.search(line))), None)
     return f"{error}; root cause in the engine log: {cause[:600]}" if cause and cause not in error else error
+
+
+# A C++ exception nothing caught (one thrown in a kernel's OpenMP region): std::terminate prints
+# its message, torch a backtrace after it, and the process aborts, so the log's last lines are
+# stack frames and the message is above them.
+# (A line may carry a prefix of its process's name, as Ray's workers print them.)
+_NATIVE_ABORT = re.compile(
+    r"^[^\n]*terminate called after throwing an instance of '[^']+'\n[^\n]*what\(\):\s*(?P<what>.+)$", re.M
+)
+_RAISED_AT = re.compile(r"^[^\n]*Exception raised from (?P<where>.+?) \(most recent call first\)", re.M)
+
+
+def _last_words(path: Path) -> str:
+    """What an arm's log says of a death without a result: a native exception's message (and
+    where it was raised) where one aborted the process, else the log's last lines."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "last log lines: (no log)"
+    aborts = list(_NATIVE_ABORT.finditer(text))
+    if not aborts:
+        return f"last log lines: {_tail(path)}"
+    raised = _RAISED_AT.search(text, aborts[-1].end())
+    where = f" (raised from {raised['where']})" if raised else ""
+    return f"native code aborted: {aborts[-1]['what'].strip()}{where}"
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -82,6 +82,31 @@ def test_arms_run_two_at_a_time_on_two_cpus_and_a_tp2_arm_alone(tmp_path, two_cp
     assert all(e <= tp2[0] or s >= tp2[1] for n, (s, e) in spans.items() if n != "subject-http_reload")
 
 
+# As vLLM 0.32 aborted W8A8 int8 in fp16 on an AMX Xeon (docs/findings/amx-int8-gemm-kills-the-engine.md).
+NATIVE_ABORT_LOG = """[reference] observe cold_B
+terminate called after throwing an instance of 'c10::Error'
+  what():  scale_C: scalar path not implemented!
+Exception raised from apply at /tmp/vllm/csrc/cpu/sgl-kernels/gemm_int8.cpp:21 (most recent call first):
+""" + "".join(f"frame #{i}: <unknown function> + 0x9ef852 (0x7fa52bbef852 in libtorch_cpu.so)\n" for i in range(16))
+
+
+@pytest.mark.parametrize("aborts", [True, False], ids=["native-abort", "plain-death"])
+def test_an_arm_killed_by_a_native_abort_is_told_by_its_message_not_its_frames(tmp_path, two_cpus, aborts):
+    log = tmp_path / "abort.log"
+    log.write_text(NATIVE_ABORT_LOG if aborts else NATIVE_ABORT_LOG.replace("terminate called", "terminated"))
+    plan, workdir = arms(tmp_path, f"cat {log}\nkill -ABRT $$\n")
+    errors = {r.error for r in run_arms_here(plan[:1], workdir, lambda arm: None).values()}
+    said = (
+        "native code aborted: scale_C: scalar path not implemented! "
+        "(raised from apply at /tmp/vllm/csrc/cpu/sgl-kernels/gemm_int8.cpp:21)"
+    )
+    assert len(errors) == 1 and "exited with code -6 before writing a result" in next(iter(errors)), errors
+    if aborts:
+        assert errors == {f"arm process exited with code -6 before writing a result; {said}"}
+    else:  # no message of std::terminate: the last lines, frames and all
+        assert "last log lines: frame #13" in next(iter(errors)) and said not in next(iter(errors))
+
+
 def test_a_reference_that_fails_to_start_cancels_the_arms_not_started(tmp_path, two_cpus):
     # Longest first, the noise floor before the reference among equals: the slow subject and the
     # noise arm, then the reference in the first slot freed; the short subject is still queued
