@@ -44,6 +44,8 @@ FOREIGN_FLAGS = {
     "--same-path": "repro/*.py",
     "--float32": "repro/*.py",
     "--cpu-mla": "repro/*.py",
+    "--request-amx": "repro/*.py",
+    "--float16": "repro/*.py",
 }
 # A dotted name that is a file, not a module (the traceback log).
 FILE_SUFFIXES = ("log", "json", "md", "py", "csv", "html")
