@@ -280,15 +280,8 @@ def _last_words(path: Path) -> str:
         return "last log lines: (no log)"
     aborts = list(_NATIVE_ABORT.finditer(text))
     if not aborts:
-        return f"last log lines: {_tail(path)}"
+        last = [ln for ln in text.splitlines() if ln.strip()][-3:]
+        return f"last log lines: {' | '.join(last)[-600:]}"
     raised = _RAISED_AT.search(text, aborts[-1].end())
     where = f" (raised from {raised['where']})" if raised else ""
     return f"native code aborted: {aborts[-1]['what'].strip()}{where}"
-
-
-def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:])[-600:]
