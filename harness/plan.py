@@ -30,7 +30,7 @@ class PathNeeds:
     """Its segment's refits, in order."""
     sabotage_targets: tuple[RefitTarget, ...] = ("B", "A")
     """Its sabotaged twin's refits: the first is sabotaged, the rest are real refits that
-    leave the engine as the next segment expects."""
+    leave the engine as the next segment expects (none in the arm's last twin)."""
     trains: bool = False
     """A live trainer makes its targets: its refits are the trainer's optimizer steps
     (``trainer_targets``), each judged against a cold start on that step's weights."""
@@ -358,10 +358,15 @@ def make_plan(
     def real(members: list[str]) -> tuple[Step, ...]:
         return tuple(s for p in members for s in segment(p, targets(p)))
 
-    def twins(members: list[str]) -> tuple[Step, ...]:
+    def twins(members: list[str], ends_arm: bool) -> tuple[Step, ...]:
         if not spec.sabotage:
             return ()
-        return tuple(s for p in members for s in segment(p, targets(p, sabotage=True), sabotaged=True))
+        twin = [segment(p, targets(p, sabotage=True), sabotaged=True) for p in members]
+        if ends_arm and twin:
+            # A twin's refits after its sabotaged one only leave the engine as the next segment
+            # expects; the arm's last twin has no next segment.
+            twin[-1] = twin[-1][:2]
+        return tuple(s for steps in twin for s in steps)
 
     for (requirements, _), group in by_engine.items():
         # Twins after every real segment (a sabotage never leaks into a real verdict); a path
@@ -370,7 +375,13 @@ def make_plan(
         raising = [p for p in group if paths[p].runs_last]
         members = first + raising
         probe = arm_plan(name="", role="subject", paths=(), start="A", steps=(), requirements=requirements)
-        steps = (Observe(probe.cold_label),) + real(first) + twins(first) + real(raising) + twins(raising)
+        steps = (
+            (Observe(probe.cold_label),)
+            + real(first)
+            + twins(first, ends_arm=not raising)
+            + real(raising)
+            + twins(raising, ends_arm=True)
+        )
         # Right after the first path's refit to B: the refit engine's speed and accuracy.
         warm_b = ObservationLabel("warm_B", members[0])
         at = steps.index(Observe(warm_b)) + 1 if Observe(warm_b) in steps else len(steps)

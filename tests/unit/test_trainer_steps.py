@@ -57,11 +57,10 @@ def test_plan_has_a_cold_start_per_step_and_the_trainer_in_the_subject():
         ("T2_control", False),
         ("A", False),
         ("T3", True),
-        ("A", False),
-    ]
+    ]  # the twin ends the arm: nothing after it needs the engine back at A
     stages = [str(s.label) for s in subject.steps if isinstance(s, Observe)]
     assert stages[1:4] == ["trainer_steps/warm_T1", "trainer_steps/warm_T2", "trainer_steps/warm_T2_again"]
-    assert stages[-2:] == ["trainer_steps~sabotage/warm_T3", "trainer_steps~sabotage/warm_A"]
+    assert stages[-2:] == ["trainer_steps/warm_A", "trainer_steps~sabotage/warm_T3"]
 
 
 def _subject(warm_t2=S2, twin_t3=None):
