@@ -88,3 +88,36 @@ def test_the_arm_enforces_its_own_deadline():
         for pid in (arm, core):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_last_shutdown_collects_nothing_and_collections_come_back_after_it():
+    """vLLM's shutdown calls ``gc.collect``; inside ``collections_skipped`` that frees no cycle,
+    and afterwards (an exception in between included) collections free it again."""
+    import gc
+    import weakref
+
+    from harness.arm.process import collections_skipped
+
+    class Node:
+        pass
+
+    def orphan_cycle() -> weakref.ref:
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # only a collection frees a cycle
+        return weakref.ref(a)
+
+    gc.disable()  # no automatic collection between the steps
+    try:
+        with collections_skipped():
+            kept = orphan_cycle()
+            assert gc.collect() == 0
+            assert kept() is not None
+        try:
+            with collections_skipped():
+                raise RuntimeError("the shutdown raised")
+        except RuntimeError:
+            pass
+        assert gc.collect() > 0
+        assert kept() is None
+    finally:
+        gc.enable()
