@@ -46,6 +46,8 @@ FOREIGN_FLAGS = {
     "--cpu-mla": "repro/*.py",
     "--request-amx": "repro/*.py",
     "--float16": "repro/*.py",
+    "--long-first": "repro/*.py",
+    "--hidden": "repro/*.py",
 }
 # A dotted name that is a file, not a module (the traceback log).
 FILE_SUFFIXES = ("log", "json", "md", "py", "csv", "html")
