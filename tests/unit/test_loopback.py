@@ -157,9 +157,16 @@ class _ReceivingClient(_JoiningClient):
     DeepSeek-V2); None receives every tensor."""
 
     def __init__(self, refuse_at: int | None) -> None:
+        import threading
+
         super().__init__()
         self.refuse_at = refuse_at
         self.received: list = []
+        # Set by the sender's source when it hands over tensor ``refuse_at``: only then is the
+        # sender past its previous broadcast and bound to start this one, which the test
+        # completes afterwards. Refusing earlier can fail the sender on the previous tensor,
+        # whose broadcast then leaves nothing to complete (measured in CI: a 300 s gloo timeout).
+        self.sender_reached_refusal = threading.Event()
 
     def start_weight_update(self) -> None:
         pass
@@ -171,6 +178,7 @@ class _ReceivingClient(_JoiningClient):
 
         for i, (dtype, shape) in enumerate(zip(update_info["dtype_names"], update_info["shapes"])):
             if i == self.refuse_at:
+                assert self.sender_reached_refusal.wait(timeout=30), "the sender never reached the refused tensor"
                 raise RuntimeError(f"the engine refused tensor {i}")
             weight = torch.empty(shape, dtype=getattr(torch, dtype))
             _broadcast(self.group, weight, root=0)
@@ -199,9 +207,17 @@ def test_the_gloo_sender_reports_its_receivers_error_at_once(refuse_at):
     load_general_plugins()
     tensors = [(f"w{i}", torch.full((3,), float(i))) for i in range(3)]
     client = _ReceivingClient(refuse_at)
+
+    class SignallingSource(TensorSource):
+        def tensors(self):
+            for i, pair in enumerate(self.pairs):
+                if i == refuse_at:
+                    client.sender_reached_refusal.set()
+                yield pair
+
     fields = PATHS.get("transfer_gloo")(CHECKPOINTS).trainer_fields(world_size=2)
     trainer = trainer_engine_class("gloo").trainer_init(
-        trainer_init_info("gloo", fields), client=client, source=TensorSource(tensors)
+        trainer_init_info("gloo", fields), client=client, source=SignallingSource(tensors)
     )
     started = time.monotonic()
     if refuse_at is None:
