@@ -176,7 +176,10 @@ def test_a_full_pool_ends_its_least_recently_used_zygotes_only(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     (tmp_path / "other.pid").write_text(str(other.pid))  # not a zygote (a reused pid): left alone
     try:
-        time.sleep(0.5)  # until each command line is the zygote's
+        # Until each fake zygote has started its waiter (a fixed pause was short under load).
+        deadline = time.monotonic() + 60
+        while not all(psutil.Process(p.pid).children() for p in procs.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         waiter = psutil.Process(procs["old"].pid).children()[0]
         forking._end_least_used(tmp_path, keep=1)
         assert [procs[n].wait(timeout=10) for n in ("old", "mid")] == [-signal.SIGKILL] * 2
