@@ -48,6 +48,8 @@ FOREIGN_FLAGS = {
     "--float16": "repro/*.py",
     "--long-first": "repro/*.py",
     "--hidden": "repro/*.py",
+    "--compiled": "repro/*.py",
+    "--probe-isa": "repro/*.py",
 }
 # A dotted name that is a file, not a module (the traceback log).
 FILE_SUFFIXES = ("log", "json", "md", "py", "csv", "html")
