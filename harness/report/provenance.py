@@ -90,16 +90,19 @@ def run_provenance(ev: Evaluation) -> dict[str, str]:
 
 
 def scenario_provenance(evaluations: Iterable[Evaluation], builds: list[str] | None = None) -> dict[str, str]:
-    """A scenario's provenance: the first run's software and machine, every model, dtype and
-    engine setting its cells used, and the span from the first start to the last end."""
+    """A scenario's provenance: the software and machine of the first run whose arms recorded
+    them, every model, dtype and engine setting its cells used, and the span from the first
+    start to the last end. A run whose every arm died before recording its environment (an
+    engine that aborts at its first request) says nothing of the software."""
     evs = [ev for ev in evaluations if ev.record is not None]
     if not evs:
         return {}
-    first = run_provenance(evs[0])
+    first = run_provenance(next((ev for ev in evs if _environment(ev)), evs[0]))
     versions: dict[str, str] = {}
     for ev in evs:
         env = _environment(ev)
-        versions.setdefault(env.get("build") or "", _vllm(env))
+        if env:
+            versions.setdefault(env.get("build") or "", _vllm(env))
     starts = [ev.record.started for ev in evs if ev.record.started]
     ends = [ev.record.finished for ev in evs if ev.record.finished]
     out = dict(first)

@@ -142,3 +142,25 @@ def test_a_run_page_says_first_whether_outputs_moved(tmp_path):
     assert "id='outputs'" in html and "equal cold B" in html[html.index("id='outputs'") :][:200]
     assert html.index("id='outputs'") < html.index("id='positive-control'")
     assert "Outputs: greedy tokens and logprobs equal cold B" in files["summary.md"].read_text()
+
+
+def test_a_scenario_whose_first_group_recorded_nothing_takes_its_software_from_the_next(tmp_path):
+    """Every arm of the first cell group died before saying what it ran on (the fp16 int8
+    families abort at their first request on AMX): the scenario's first lines still name the vLLM,
+    torch and device its other groups recorded, not "not recorded"."""
+    import dataclasses
+
+    from harness import store
+    from harness.records import ArmResult
+    from harness.report.provenance import scenario_provenance
+
+    evaluations = []
+    for g, environment in zip(GROUPS, [(), (("vllm", "0.32.0"), ("torch", "2.13.0+cpu"), ("device", "cpu"))]):
+        write_run(tmp_path / g, paths=("reload_weights",))
+        for result_file in (tmp_path / g / "arms").glob("*.result.json"):
+            result = store.load(ArmResult, result_file, "arm_result")
+            store.dump(dataclasses.replace(result, environment=environment), result_file, "arm_result")
+        evaluations.append(evaluate(tmp_path / g, PATHS.get))
+    provenance = scenario_provenance(evaluations)
+    assert provenance["vLLM"].startswith("0.32.0, commit "), provenance
+    assert (provenance["torch"], provenance["device"]) == ("2.13.0+cpu", "cpu"), provenance
