@@ -35,6 +35,7 @@ FOREIGN_FLAGS = {
     "--api-key": "vllm serve",
     "--uds": "vllm serve",
     "--worker-extension-cls": "vllm serve",
+    "--enforce-eager": "vllm serve",
     "--no-amx": "repro/*.py",
     "--as-avx2": "repro/*.py",
     "--refit-drafter": "repro/*.py",
